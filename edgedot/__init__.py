@@ -1,0 +1,14 @@
+"""edgedot: fused CUDA kernels for edge-wise dot products on graphs (SDDMM, ``u_dot_v``).
+
+``edge_dot(src_feat, dst_feat, src_idx, dst_idx)`` computes
+``out[e] = <src_feat[src_idx[e]], dst_feat[dst_idx[e]]>`` without materialising the gathered
+rows, forward and backward, on CPU and CUDA.
+"""
+
+from . import nn, ops
+from .functional import edge_dot
+from .plan import EdgePlan
+from .reference import edge_dot_reference
+
+__all__ = ["edge_dot", "EdgePlan", "edge_dot_reference", "nn", "ops"]
+__version__ = "0.1.0"

@@ -1,0 +1,74 @@
+"""Argument checks shared by every implementation; each error names the offending argument."""
+
+import torch
+
+FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def heads_of(feat):
+    """Head count of a feature tensor: 1 for ``[N, D]``, ``H`` for ``[N, H, D]``."""
+    return 1 if feat.dim() == 2 else feat.shape[1]
+
+
+def output_shape(src_feat, dst_feat, num_edges):
+    """``[E]`` when both sides are ``[N, D]``, else ``[E, H]``."""
+    if src_feat.dim() == 2 and dst_feat.dim() == 2:
+        return (num_edges,)
+    return (num_edges, max(heads_of(src_feat), heads_of(dst_feat)))
+
+
+def _check_index(name, idx):
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(idx).__name__}")
+    if idx.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {idx.dtype}")
+    if idx.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(idx.shape)}")
+
+
+def check_indices_pair(src_idx, dst_idx):
+    """Checks the two index tensors alone: integer, 1-D, same length, same device."""
+    _check_index("src_idx", src_idx)
+    _check_index("dst_idx", dst_idx)
+    if src_idx.shape[0] != dst_idx.shape[0]:
+        raise ValueError(
+            f"src_idx and dst_idx must have the same length, got {src_idx.shape[0]} and {dst_idx.shape[0]}")
+    if src_idx.device != dst_idx.device:
+        raise ValueError(f"src_idx is on {src_idx.device} but dst_idx is on {dst_idx.device}")
+
+
+def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
+    """Raises a clear error for any malformed argument of :func:`edgedot.edge_dot`."""
+    for name, feat in (("src_feat", src_feat), ("dst_feat", dst_feat)):
+        if not isinstance(feat, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(feat).__name__}")
+        if feat.dim() not in (2, 3):
+            raise ValueError(f"{name} must be [N, D] or [N, H, D], got shape {tuple(feat.shape)}")
+        if feat.dtype not in FEATURE_DTYPES:
+            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {feat.dtype}")
+    if src_feat.dtype != dst_feat.dtype:
+        raise TypeError(f"src_feat is {src_feat.dtype} but dst_feat is {dst_feat.dtype}; they must match")
+    if src_feat.shape[-1] != dst_feat.shape[-1]:
+        raise ValueError(
+            f"feature sizes differ: src_feat has D={src_feat.shape[-1]}, dst_feat has D={dst_feat.shape[-1]}")
+    src_heads, dst_heads = heads_of(src_feat), heads_of(dst_feat)
+    if src_heads != dst_heads and 1 not in (src_heads, dst_heads):
+        raise ValueError(
+            f"head counts differ: src_feat has H={src_heads}, dst_feat has H={dst_heads} (one may be 1)")
+    check_indices_pair(src_idx, dst_idx)
+    device = src_feat.device
+    for name, t in (("dst_feat", dst_feat), ("src_idx", src_idx), ("dst_idx", dst_idx)):
+        if t.device != device:
+            raise ValueError(f"src_feat is on {device} but {name} is on {t.device}; all inputs must share a device")
+
+
+def check_index_range(name, idx, num_rows):
+    """Raises IndexError if any entry of ``idx`` lies outside ``[0, num_rows)`` (synchronises)."""
+    if idx.numel() == 0:
+        return
+    lo, hi = torch.aminmax(idx)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= num_rows:
+        bad = lo if lo < 0 else hi
+        raise IndexError(f"{name} holds {bad}, outside [0, {num_rows})")

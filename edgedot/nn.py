@@ -1,0 +1,46 @@
+"""``nn.Module`` wrappers around :func:`edgedot.edge_dot`."""
+
+import torch
+
+from .functional import edge_dot
+
+__all__ = ["EdgeDot", "InnerProductDecoder"]
+
+
+class EdgeDot(torch.nn.Module):
+    """Module form of :func:`edgedot.edge_dot`.
+
+    ``forward(src_feat, dst_feat, src_idx, dst_idx, plan=None)`` returns the edge scores;
+    ``deterministic`` and ``check_indices`` are fixed at construction.
+    """
+
+    def __init__(self, deterministic=None, check_indices=True):
+        super().__init__()
+        self.deterministic = deterministic
+        self.check_indices = check_indices
+
+    def forward(self, src_feat, dst_feat, src_idx, dst_idx, plan=None):
+        return edge_dot(src_feat, dst_feat, src_idx, dst_idx, plan=plan,
+                        deterministic=self.deterministic, check_indices=self.check_indices)
+
+    def extra_repr(self):
+        return f"deterministic={self.deterministic}, check_indices={self.check_indices}"
+
+
+class InnerProductDecoder(torch.nn.Module):
+    """Drop-in for ``torch_geometric.nn.models.InnerProductDecoder`` (graph auto-encoders).
+
+    ``forward(z, edge_index, sigmoid=True)`` scores the pairs of ``edge_index`` ([2, E]) as
+    ``<z[edge_index[0]], z[edge_index[1]]>`` through the fused kernel; ``forward_all`` scores
+    every pair as ``z @ z.T``.
+    """
+
+    def forward(self, z, edge_index, sigmoid=True):
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
+        value = edge_dot(z, z, edge_index[0], edge_index[1])
+        return torch.sigmoid(value) if sigmoid else value
+
+    def forward_all(self, z, sigmoid=True):
+        adj = torch.matmul(z, z.t())
+        return torch.sigmoid(adj) if sigmoid else adj

@@ -1,0 +1,96 @@
+"""The ``edgedot`` custom operators: schemas, per-device implementations, fake tensors, autograd.
+
+``edgedot::edge_dot``       forward; the plans ride along only for the backward.
+``edgedot::edge_dot_grad``  gradient for one side ("rows"), given the other side's features.
+
+Both are registered with ``torch.library`` so ``torch.compile(fullgraph=True)`` traces through
+them and ``torch.library.opcheck`` holds.
+"""
+
+import torch
+
+from . import _cpu
+from ._build import cuda_module
+from ._checks import check_index_range, check_inputs, output_shape
+from .plan import build_side
+
+__all__ = ["edge_dot_op", "edge_dot_grad_op"]
+
+_lib = torch.library.Library("edgedot", "DEF")
+_lib.define(
+    "edge_dot(Tensor src_feat, Tensor dst_feat, Tensor src_idx, Tensor dst_idx, "
+    "Tensor? src_plan, Tensor? dst_plan, bool deterministic, bool check_indices) -> Tensor")
+_lib.define(
+    "edge_dot_grad(Tensor grad_out, Tensor row_feat, Tensor other_feat, Tensor row_idx, "
+    "Tensor other_idx, Tensor? plan) -> Tensor")
+
+edge_dot_op = torch.ops.edgedot.edge_dot.default
+edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
+
+
+@torch.library.impl(_lib, "edge_dot", "CPU")
+def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    # Out-of-range indices are always refused on the CPU: checking costs one pass over E ints.
+    check_index_range("src_idx", src_idx, src_feat.shape[0])
+    check_index_range("dst_idx", dst_idx, dst_feat.shape[0])
+    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+    return _cpu.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+
+
+@torch.library.impl(_lib, "edge_dot", "CUDA")
+def _edge_dot_cuda(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+    return cuda_module().forward(src_feat, dst_feat, src_idx, dst_idx, shape, check_indices)
+
+
+@torch.library.register_fake("edgedot::edge_dot")
+def _edge_dot_fake(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    return src_feat.new_empty(output_shape(src_feat, dst_feat, src_idx.shape[0]))
+
+
+@torch.library.impl(_lib, "edge_dot_grad", "CPU")
+def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+    # index_add_ on the CPU adds in edge order, so the CPU gradient is deterministic without a plan.
+    return _cpu.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
+
+
+@torch.library.impl(_lib, "edge_dot_grad", "CUDA")
+def _edge_dot_grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+    return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan)
+
+
+@torch.library.register_fake("edgedot::edge_dot_grad")
+def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+    return row_feat.new_empty(row_feat.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, _ = inputs
+    ctx.save_for_backward(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan)
+    ctx.deterministic = deterministic
+
+
+def _side_plan(given, deterministic, row_idx, other_idx, num_rows):
+    # A given plan is always used (it is the fast path); without one, only deterministic mode
+    # pays for sorting the edges, and the default mode reduces with atomics.
+    if given is not None or not deterministic or not row_idx.is_cuda:
+        return given
+    return build_side(row_idx, other_idx, num_rows)
+
+
+def _backward(ctx, grad_out):
+    src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan = ctx.saved_tensors
+    grad_src = grad_dst = None
+    if ctx.needs_input_grad[0]:
+        plan = _side_plan(src_plan, ctx.deterministic, src_idx, dst_idx, src_feat.shape[0])
+        grad_src = edge_dot_grad_op(grad_out, src_feat, dst_feat, src_idx, dst_idx, plan)
+    if ctx.needs_input_grad[1]:
+        plan = _side_plan(dst_plan, ctx.deterministic, dst_idx, src_idx, dst_feat.shape[0])
+        grad_dst = edge_dot_grad_op(grad_out, dst_feat, src_feat, dst_idx, src_idx, plan)
+    return grad_src, grad_dst, None, None, None, None, None, None
+
+
+torch.library.register_autograd("edgedot::edge_dot", _backward, setup_context=_setup_context)
