@@ -1,0 +1,114 @@
+// Backward without a plan: edges in the order given, atomics into the gradient.
+#include "grad_common.cuh"
+
+namespace edgedot {
+
+// Consecutive edges a group walks; runs of equal rows inside a tile cost one atomic flush.
+constexpr int kTileEdges = 16;
+
+// float4 atomics exist from sm_90 on: a quarter of the atomic instructions.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kFloat4Atomics = true;
+#else
+constexpr bool kFloat4Atomics = false;
+#endif
+
+template <int VEC>
+__device__ __forceinline__ void atomic_add_vec(float* p, const float (&x)[VEC]) {
+  if constexpr (kFloat4Atomics && VEC % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < VEC / 4; ++k)
+      atomicAdd(reinterpret_cast<float4*>(p) + k, make_float4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) atomicAdd(p + j, x[j]);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void atomic_add_vec(double* p, const double (&x)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) atomicAdd(p + j, x[j]);
+}
+
+// A group owns a (tile, head) unit. It keeps the running row's partial gradient in registers and
+// flushes it with atomics when the row changes, so input sorted by row is nearly atomic-free.
+template <typename T, int VEC, typename RowIdx, typename OtherIdx>
+__global__ void __launch_bounds__(kBlockThreads)
+grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group) {
+  using A = accum_t<T>;
+  const T* __restrict__ grad_out = static_cast<const T*>(a.grad_out);
+  const T* __restrict__ other = static_cast<const T*>(a.other.data);
+  const RowIdx* __restrict__ row_idx = static_cast<const RowIdx*>(a.row_idx);
+  const OtherIdx* __restrict__ other_idx = static_cast<const OtherIdx*>(a.other_idx);
+
+  const int64_t vectors = a.dim / VEC;
+  const int64_t units = (a.num_edges + kTileEdges - 1) / kTileEdges * a.heads;
+  const int lane = threadIdx.x & (group - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+
+  for (int64_t unit = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group; unit < units;
+       unit += stride) {
+    const int64_t tile = unit / a.heads;
+    const int64_t h = unit - tile * a.heads;
+    const int64_t grad_head = a.row_heads == 1 ? 0 : h;
+    const int64_t e_begin = tile * kTileEdges;
+    const int64_t e_end = min(a.num_edges, e_begin + kTileEdges);
+    for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+      RowSlice<T, VEC> slice;
+      slice.zero();
+      int64_t current = -1;
+      auto flush = [&]() {
+        A* row = grad + (current * a.row_heads + grad_head) * a.dim;
+#pragma unroll
+        for (int u = 0; u < kVectorsPerLane; ++u) {
+          const int64_t v = base + static_cast<int64_t>(u) * group;
+          if (v < vectors) atomic_add_vec<VEC>(row + v * VEC, slice.acc[u]);
+        }
+      };
+      for (int64_t e = e_begin; e < e_end; ++e) {
+        const RowIdx r = row_idx[e];
+        const OtherIdx o = other_idx[e];
+        if (!in_range(r, a.num_rows) || !in_range(o, a.other.num_rows)) continue;
+        if (r != current) {
+          if (current >= 0) flush();
+          slice.zero();
+          current = r;
+        }
+        const A g = to_accum(grad_out[e * a.heads + h]);
+        slice.add_scaled(g, other + static_cast<int64_t>(o) * a.other.row_stride + h * a.other.head_stride, base,
+                         group, vectors);
+      }
+      if (current >= 0) flush();
+    }
+  }
+}
+
+template <typename T, int VEC, typename RowIdx, typename OtherIdx>
+void launch(const GradArgs& a, accum_t<T>* grad, cudaStream_t stream) {
+  const int group = group_size(a.dim / VEC);
+  auto kernel = grad_atomic_kernel<T, VEC, RowIdx, OtherIdx>;
+  const int64_t units = (a.num_edges + kTileEdges - 1) / kTileEdges * a.heads;
+  kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(a, grad, group);
+}
+
+void launch_grad_atomic(const GradArgs& a, void* grad_acc, ScalarKind scalar, IndexKind row_index,
+                        IndexKind other_index, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto t) {
+    using T = decltype(t);
+    auto* grad = static_cast<accum_t<T>*>(grad_acc);
+    dispatch_index(row_index, [&](auto ri) {
+      dispatch_index(other_index, [&](auto oi) {
+        using RowIdx = decltype(ri);
+        using OtherIdx = decltype(oi);
+        if (rows_vectorizable<T>(a.other, a.dim)) {
+          launch<T, wide_vec<T>(), RowIdx, OtherIdx>(a, grad, stream);
+        } else {
+          launch<T, 1, RowIdx, OtherIdx>(a, grad, stream);
+        }
+      });
+    });
+  });
+}
+
+}  // namespace edgedot

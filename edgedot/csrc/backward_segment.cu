@@ -1,0 +1,133 @@
+// Backward with a plan: each row reduced in registers over its sorted edges; no float atomics.
+#include "grad_common.cuh"
+
+namespace edgedot {
+
+// Writes a lane's slice of a row; S is the gradient's type or, for workspace slots, the
+// accumulation type (for which from_accum is the identity).
+template <typename S, int VEC>
+__device__ __forceinline__ void store_row(S* row, const accum_t<S> (&acc)[kVectorsPerLane][VEC], int64_t base,
+                                          int group, int64_t vectors) {
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    const int64_t v = base + static_cast<int64_t>(u) * group;
+    if (v < vectors) {
+      Vec<S, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(acc[u][j]);
+      *reinterpret_cast<Vec<S, VEC>*>(row + v * VEC) = out;
+    }
+  }
+}
+
+// A group owns a (piece, row head) unit: it sums g * other_row over the piece's edges in sorted
+// order and writes the row once, or parks the partial sum in the piece's workspace slot when the
+// row was split.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kBlockThreads)
+grad_segment_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, accum_t<T>* __restrict__ workspace, int group) {
+  using A = accum_t<T>;
+  const T* __restrict__ grad_out = static_cast<const T*>(a.grad_out);
+  const T* __restrict__ other = static_cast<const T*>(a.other.data);
+
+  const int64_t vectors = a.dim / VEC;
+  const int64_t units = p.num_pieces * a.row_heads;
+  const int lane = threadIdx.x & (group - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+  // A broadcast row head collects every head of the edge; otherwise only its own.
+  const int64_t heads_per_row_head = a.row_heads == 1 ? a.heads : 1;
+
+  for (int64_t unit = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group; unit < units;
+       unit += stride) {
+    const int64_t piece = unit / a.row_heads;
+    const int64_t row_head = unit - piece * a.row_heads;
+    const int64_t row = p.piece_row[piece];
+    if (row < 0) continue;
+    const int64_t begin = p.piece_begin[piece];
+    const int64_t end = p.piece_end[piece];
+    const int64_t slot = p.piece_slot[piece];
+    const int64_t first_head = a.row_heads == 1 ? 0 : row_head;
+    for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+      RowSlice<T, VEC> slice;
+      slice.zero();
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t e = p.order[i];
+        const int64_t o = p.other_sorted[i];
+        if (!in_range(e, a.num_edges) || !in_range(o, a.other.num_rows)) continue;
+        for (int64_t h = first_head; h < first_head + heads_per_row_head; ++h) {
+          const A g = to_accum(grad_out[e * a.heads + h]);
+          slice.add_scaled(g, other + o * a.other.row_stride + h * a.other.head_stride, base, group, vectors);
+        }
+      }
+      if (slot < 0) {
+        store_row<T, VEC>(grad + (row * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+      } else {
+        store_row<A, VEC>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+      }
+    }
+  }
+}
+
+// Sums the pieces of each split row in slot order, which fixes the rounding: deterministic.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kBlockThreads)
+combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace,
+                      int group) {
+  using A = accum_t<T>;
+  const int64_t vectors = a.dim / VEC;
+  const int64_t units = a.num_rows * a.row_heads;
+  const int lane = threadIdx.x & (group - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+
+  for (int64_t unit = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group; unit < units;
+       unit += stride) {
+    const int64_t row = unit / a.row_heads;
+    const int64_t pieces = p.row_pieces[row];
+    if (pieces <= 1) continue;
+    const int64_t row_head = unit - row * a.row_heads;
+    const int64_t first_slot = p.row_slot_begin[row];
+    for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+      A acc[kVectorsPerLane][VEC] = {};
+      for (int64_t k = 0; k < pieces; ++k) {
+        const A* part = workspace + ((first_slot + k) * a.row_heads + row_head) * a.dim;
+#pragma unroll
+        for (int u = 0; u < kVectorsPerLane; ++u) {
+          const int64_t v = base + static_cast<int64_t>(u) * group;
+          if (v < vectors) {
+            const Vec<A, VEC> x = load_vec<A, VEC>(part + v * VEC);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[u][j] += x.v[j];
+          }
+        }
+      }
+      store_row<T, VEC>(grad + (row * a.row_heads + row_head) * a.dim, acc, base, group, vectors);
+    }
+  }
+}
+
+template <typename T, int VEC>
+void launch(const GradArgs& a, const PlanArgs& p, T* grad, accum_t<T>* workspace, cudaStream_t stream) {
+  const int group = group_size(a.dim / VEC);
+  auto segment = grad_segment_kernel<T, VEC>;
+  segment<<<grid_blocks(segment, p.num_pieces * a.row_heads * group), kBlockThreads, 0, stream>>>(
+      a, p, grad, workspace, group);
+  auto combine = combine_pieces_kernel<T, VEC>;
+  combine<<<grid_blocks(combine, a.num_rows * a.row_heads * group), kBlockThreads, 0, stream>>>(
+      a, p, grad, workspace, group);
+}
+
+void launch_grad_segment(const GradArgs& a, const PlanArgs& p, void* grad, void* workspace, ScalarKind scalar,
+                         cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto t) {
+    using T = decltype(t);
+    auto* g = static_cast<T*>(grad);
+    auto* w = static_cast<accum_t<T>*>(workspace);
+    if (rows_vectorizable<T>(a.other, a.dim)) {
+      launch<T, wide_vec<T>()>(a, p, g, w, stream);
+    } else {
+      launch<T, 1>(a, p, g, w, stream);
+    }
+  });
+}
+
+}  // namespace edgedot

@@ -1,0 +1,153 @@
+// PyTorch side of the CUDA path: tensor checks, layouts, allocation, streams, index errors.
+// Shapes and dtypes were validated in Python (edgedot/_checks.py) before these are called.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "edgedot.h"
+
+namespace edgedot {
+namespace {
+
+ScalarKind scalar_kind(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ScalarKind::f32;
+    case at::kDouble: return ScalarKind::f64;
+    case at::kHalf: return ScalarKind::f16;
+    case at::kBFloat16: return ScalarKind::bf16;
+    default: TORCH_CHECK_TYPE(false, "edgedot: unsupported feature dtype ", t);
+  }
+}
+
+IndexKind index_kind(const at::Tensor& idx, const char* name) {
+  TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, name,
+                   " must be int32 or int64, got ", idx.scalar_type());
+  return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+}
+
+at::Tensor unit_stride_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+int64_t heads_of(const at::Tensor& feat) { return feat.dim() == 3 ? feat.size(1) : 1; }
+
+// Node and head strides of a [N, D] or [N, H, D] tensor; one head broadcasts with stride 0.
+Rows rows_of(const at::Tensor& feat) {
+  const bool one_head = heads_of(feat) == 1;
+  return Rows{feat.data_ptr(), feat.size(0), feat.stride(0), one_head ? 0 : feat.stride(1)};
+}
+
+// Two host ints the kernel can write (mapped, pinned), one pair per thread: each checked call
+// zeroes them, launches, and reads them after synchronising, so calls never share a pair.
+int* host_error_flags() {
+  thread_local int* flags = nullptr;
+  if (flags == nullptr) {
+    C10_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flags), 2 * sizeof(int),
+                                 cudaHostAllocMapped | cudaHostAllocPortable));
+  }
+  return flags;
+}
+
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+at::Tensor forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx, at::Tensor dst_idx,
+                   std::vector<int64_t> out_shape, bool check_indices) {
+  const c10::cuda::CUDAGuard guard(src_feat.device());
+  src_feat = unit_stride_last(src_feat);
+  dst_feat = unit_stride_last(dst_feat);
+  src_idx = src_idx.contiguous();
+  dst_idx = dst_idx.contiguous();
+  at::Tensor out = at::empty(out_shape, src_feat.options());
+  const int64_t heads = out_shape.size() == 2 ? out_shape[1] : 1;
+  const int64_t num_edges = src_idx.size(0);
+  if (out.numel() == 0) return out;
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // Checking needs the kernel's verdict on the host: it waits for the stream. Capture can't wait.
+  int* flags = check_indices && !stream_capturing(stream) ? host_error_flags() : nullptr;
+  int* device_flags = nullptr;
+  if (flags != nullptr) {
+    flags[0] = flags[1] = 0;
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flags), flags, 0));
+  }
+  ForwardArgs args{rows_of(src_feat), rows_of(dst_feat), src_idx.data_ptr(), dst_idx.data_ptr(), out.data_ptr(),
+                   num_edges, heads, src_feat.size(-1), device_flags};
+  launch_forward(args, scalar_kind(src_feat.scalar_type()), index_kind(src_idx, "src_idx"),
+                 index_kind(dst_idx, "dst_idx"), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (flags != nullptr) {
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const volatile int* seen = flags;
+    TORCH_CHECK_INDEX(seen[0] == 0, "src_idx holds an index outside [0, ", src_feat.size(0), ")");
+    TORCH_CHECK_INDEX(seen[1] == 0, "dst_idx holds an index outside [0, ", dst_feat.size(0), ")");
+  }
+  return out;
+}
+
+at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
+                     at::Tensor other_idx, c10::optional<at::Tensor> plan) {
+  const c10::cuda::CUDAGuard guard(row_feat.device());
+  grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
+  other_feat = unit_stride_last(other_feat);
+  row_idx = row_idx.contiguous();
+  other_idx = other_idx.contiguous();
+  const int64_t num_rows = row_feat.size(0);
+  const int64_t row_heads = heads_of(row_feat);
+  const int64_t dim = row_feat.size(-1);
+  const int64_t num_edges = row_idx.size(0);
+  const int64_t heads = grad_out.dim() == 2 ? grad_out.size(1) : 1;
+  const at::ScalarType dtype = row_feat.scalar_type();
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  const at::ScalarType accum = half ? at::kFloat : dtype;
+  const auto options = row_feat.options();
+  if (num_edges == 0 || row_feat.numel() == 0) return at::zeros(row_feat.sizes(), options);
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  GradArgs args{grad_out.data_ptr(), rows_of(other_feat), row_idx.data_ptr(), other_idx.data_ptr(),
+                num_rows, row_heads, num_edges, heads, dim};
+  if (plan.has_value()) {
+    const at::Tensor& packed = *plan;
+    const int64_t rest = packed.numel() - 2 * num_edges - 2 * num_rows;
+    TORCH_CHECK_VALUE(packed.scalar_type() == at::kLong && packed.dim() == 1 && packed.is_contiguous() &&
+                          rest >= 0 && rest % 4 == 0 && rest / 4 >= num_rows,
+                      "plan does not match this graph: expected a packed int64 plan for E=", num_edges,
+                      " and ", num_rows, " rows (see edgedot.EdgePlan)");
+    TORCH_CHECK_VALUE(packed.device() == row_feat.device(), "plan is on ", packed.device(), " but the features are on ",
+                      row_feat.device());
+    const int64_t pieces = rest / 4;
+    const int64_t* p = packed.data_ptr<int64_t>();
+    const PlanArgs plan_args{p,
+                             p + num_edges,
+                             p + 2 * num_edges,
+                             p + 2 * num_edges + pieces,
+                             p + 2 * num_edges + 2 * pieces,
+                             p + 2 * num_edges + 3 * pieces,
+                             p + 2 * num_edges + 4 * pieces,
+                             p + 2 * num_edges + 4 * pieces + num_rows,
+                             pieces};
+    // Split rows have fewer slots than 2 * (pieces - num_rows) + 1 (see edgedot/plan.py).
+    const int64_t slots = 2 * (pieces - num_rows) + 1;
+    at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
+    at::Tensor workspace = at::empty({slots, row_heads, dim}, options.dtype(accum));
+    launch_grad_segment(args, plan_args, grad.data_ptr(), workspace.data_ptr(), scalar_kind(dtype), stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return grad.view(row_feat.sizes());
+  }
+  at::Tensor grad = at::zeros({num_rows, row_heads, dim}, options.dtype(accum));
+  launch_grad_atomic(args, grad.data_ptr(), scalar_kind(dtype), index_kind(row_idx, "row_idx"),
+                     index_kind(other_idx, "other_idx"), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return (half ? grad.to(dtype) : grad).view(row_feat.sizes());
+}
+
+}  // namespace edgedot
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
+  m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
+}

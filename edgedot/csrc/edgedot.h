@@ -1,0 +1,67 @@
+// Plain C++ interface between the PyTorch bindings and the CUDA kernels (no torch types).
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace edgedot {
+
+enum class ScalarKind { f32, f64, f16, bf16 };
+enum class IndexKind { i32, i64 };
+
+// A feature tensor [num_rows, heads, dim] with unit stride along dim.
+struct Rows {
+  const void* data;
+  int64_t num_rows;
+  int64_t row_stride;   // elements between consecutive nodes
+  int64_t head_stride;  // elements between consecutive heads; 0 broadcasts one head to all
+};
+
+struct ForwardArgs {
+  Rows src, dst;
+  const void* src_idx;
+  const void* dst_idx;
+  void* out;             // [num_edges, heads], contiguous
+  int64_t num_edges, heads, dim;
+  int* error_flag;       // [2]: set to 1 when src_idx / dst_idx holds an out-of-range index; may be null
+};
+
+// Gradient of one side ("rows") given the other side's features. The row side's gradient is
+// [num_rows, row_heads, dim]; row_heads is heads, or 1 when that side broadcast its one head.
+struct GradArgs {
+  const void* grad_out;  // [num_edges, heads], contiguous
+  Rows other;
+  const void* row_idx;
+  const void* other_idx;
+  int64_t num_rows, row_heads, num_edges, heads, dim;
+};
+
+// Edge groupings of edgedot.plan.build_side, unpacked.
+struct PlanArgs {
+  const int64_t* order;
+  const int64_t* other_sorted;
+  const int64_t* piece_row;
+  const int64_t* piece_begin;
+  const int64_t* piece_end;
+  const int64_t* piece_slot;
+  const int64_t* row_slot_begin;
+  const int64_t* row_pieces;
+  int64_t num_pieces;
+};
+
+// out[e, h] = <src[src_idx[e], h], dst[dst_idx[e], h]>; out-of-range edges yield NaN.
+void launch_forward(const ForwardArgs& args, ScalarKind scalar, IndexKind src_index, IndexKind dst_index,
+                    cudaStream_t stream);
+
+// grad[row_idx[e], h] += grad_out[e, h] * other[other_idx[e], h], with atomics into a zeroed
+// buffer of the accumulation type (float for half types, else the scalar type itself).
+void launch_grad_atomic(const GradArgs& args, void* grad_acc, ScalarKind scalar, IndexKind row_index,
+                        IndexKind other_index, cudaStream_t stream);
+
+// The same gradient reduced per row over the plan's pieces, without atomics. Writes every row of
+// grad (scalar type); pieces of split rows go to workspace (accumulation type) and are then summed
+// in slot order, so the result is bitwise reproducible.
+void launch_grad_segment(const GradArgs& args, const PlanArgs& plan, void* grad, void* workspace,
+                         ScalarKind scalar, cudaStream_t stream);
+
+}  // namespace edgedot

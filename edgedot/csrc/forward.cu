@@ -1,0 +1,100 @@
+// Forward: one fused gather-dot per (edge, head); no gathered rows ever reach memory.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace edgedot {
+
+// A group of `group` lanes owns one (edge, head) item at a time: each lane multiplies up to
+// kVectorsPerLane vectors of the two rows per pass, then the group sums across its lanes.
+// Items stride over the grid; the loop bound is kept uniform across the warp so that every lane
+// reaches the shuffles.
+template <typename T, int VEC, typename SrcIdx, typename DstIdx>
+__global__ void __launch_bounds__(kBlockThreads)
+forward_kernel(ForwardArgs a, int group) {
+  using A = accum_t<T>;
+  const T* __restrict__ src = static_cast<const T*>(a.src.data);
+  const T* __restrict__ dst = static_cast<const T*>(a.dst.data);
+  const SrcIdx* __restrict__ src_idx = static_cast<const SrcIdx*>(a.src_idx);
+  const DstIdx* __restrict__ dst_idx = static_cast<const DstIdx*>(a.dst_idx);
+  T* __restrict__ out = static_cast<T*>(a.out);
+
+  const int64_t vectors = a.dim / VEC;
+  const int64_t items = a.num_edges * a.heads;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x & (group - 1);
+  const int group_in_warp = (threadIdx.x & 31) / group;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+
+  for (int64_t item = thread / group; item - group_in_warp < items; item += stride) {
+    A acc = 0;
+    bool bad_src = false, bad_dst = false;
+    if (item < items) {
+      const int64_t e = item / a.heads;
+      const int64_t h = item - e * a.heads;
+      const SrcIdx s = src_idx[e];
+      const DstIdx d = dst_idx[e];
+      bad_src = !in_range(s, a.src.num_rows);
+      bad_dst = !in_range(d, a.dst.num_rows);
+      if (!bad_src && !bad_dst) {
+        const T* srow = src + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
+        const T* drow = dst + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
+        for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+          Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
+#pragma unroll
+          for (int u = 0; u < kVectorsPerLane; ++u) {
+            const int64_t v = base + static_cast<int64_t>(u) * group;
+            if (v < vectors) {
+              sv[u] = load_vec<T, VEC>(srow + v * VEC);
+              dv[u] = load_vec<T, VEC>(drow + v * VEC);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kVectorsPerLane; ++u) {
+            if (base + static_cast<int64_t>(u) * group < vectors) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) acc += to_accum(sv[u].v[j]) * to_accum(dv[u].v[j]);
+            }
+          }
+        }
+      }
+    }
+    acc = group_sum(acc, group);
+    if (item < items && lane == 0) {
+      if (bad_src || bad_dst) {
+        out[item] = from_accum<T>(static_cast<A>(NAN));
+        if (a.error_flag) a.error_flag[bad_src ? 0 : 1] = 1;
+      } else {
+        out[item] = from_accum<T>(acc);
+      }
+    }
+  }
+}
+
+template <typename T, int VEC, typename SrcIdx, typename DstIdx>
+void launch(const ForwardArgs& a, cudaStream_t stream) {
+  const int group = group_size(a.dim / VEC);
+  auto kernel = forward_kernel<T, VEC, SrcIdx, DstIdx>;
+  const int blocks = grid_blocks(kernel, a.num_edges * a.heads * group);
+  kernel<<<blocks, kBlockThreads, 0, stream>>>(a, group);
+}
+
+void launch_forward(const ForwardArgs& a, ScalarKind scalar, IndexKind src_index, IndexKind dst_index,
+                    cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto t) {
+    using T = decltype(t);
+    dispatch_index(src_index, [&](auto si) {
+      dispatch_index(dst_index, [&](auto di) {
+        using SrcIdx = decltype(si);
+        using DstIdx = decltype(di);
+        if (rows_vectorizable<T>(a.src, a.dim) && rows_vectorizable<T>(a.dst, a.dim)) {
+          launch<T, wide_vec<T>(), SrcIdx, DstIdx>(a, stream);
+        } else {
+          launch<T, 1, SrcIdx, DstIdx>(a, stream);
+        }
+      });
+    });
+  });
+}
+
+}  // namespace edgedot
