@@ -2,7 +2,9 @@
 
 import torch
 
-from .ops import edge_dot_op
+from .ops import EagerCUDAEdgeDot, edge_dot_op, forward_cuda
+
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 __all__ = ["edge_dot"]
 
@@ -21,8 +23,8 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         deterministic: bitwise-reproducible gradients. ``None`` (default) follows
             ``torch.are_deterministic_algorithms_enabled()``. Without a plan this sorts the
             edges in every backward pass.
-        check_indices: raise ``IndexError`` (CUDA: ``RuntimeError`` naming the index tensor) if
-            an index is out of range. On CUDA the check waits for the kernel to finish; with
+        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range.
+            On CUDA the check waits for the kernel to finish; with
             ``False`` the call is fully asynchronous and out-of-range edges yield NaN instead.
             Inside CUDA-graph capture the wait is skipped. Out-of-range indices are never read.
 
@@ -37,4 +39,19 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     else:
         plan.check_matches(src_feat, dst_feat, src_idx)
         src_plan, dst_plan = plan.src, plan.dst
-    return edge_dot_op(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
+    args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
+    if _eager_cuda(src_feat, dst_feat):
+        if torch.is_grad_enabled() and (src_feat.requires_grad or dst_feat.requires_grad):
+            return EagerCUDAEdgeDot.apply(*args)
+        return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
+    return edge_dot_op(*args)
+
+
+def _eager_cuda(src_feat, dst_feat):
+    # Plain CUDA tensors outside tracing skip the dispatcher; fake, functorch-wrapped or other
+    # subclassed tensors, and torch.compile, go through the registered op.
+    return (type(src_feat) in _PLAIN and type(dst_feat) in _PLAIN and src_feat.is_cuda
+            and not torch.compiler.is_compiling() and not _is_wrapped(src_feat) and not _is_wrapped(dst_feat))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -74,6 +74,19 @@ def build_side(row_idx, other_idx, num_rows):
     return torch.cat([order, other_sorted, piece_row, piece_begin, piece_end, piece_slot, row_slot_begin, row_pieces])
 
 
+def check_plan_layout(packed, num_edges, num_rows, device):
+    """Raises ValueError unless ``packed`` has the layout of ``build_side`` for this graph."""
+    pieces = num_rows + num_edges // PIECE_LEN
+    size = 2 * num_edges + 4 * pieces + 2 * num_rows
+    if packed.dtype != torch.int64 or packed.dim() != 1 or packed.numel() != size or not packed.is_contiguous():
+        raise ValueError(
+            f"plan does not match this graph: expected a contiguous int64 tensor of {size} elements "
+            f"for E={num_edges} and {num_rows} rows (see edgedot.EdgePlan), got {packed.dtype} "
+            f"of shape {tuple(packed.shape)}")
+    if packed.device != device:
+        raise ValueError(f"plan is on {packed.device} but the features are on {device}")
+
+
 class EdgePlan:
     """Row groupings of a static graph, built once and reused by every backward pass.
 
