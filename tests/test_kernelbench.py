@@ -1,0 +1,165 @@
+"""edgedot.kernelbench: the seed problem in KernelBench form, and its self-contained export."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from utils import HAS_CUDA, assert_accurate, requires_cuda
+
+kb = pytest.importorskip("edgedot.kernelbench")
+
+REPO = Path(__file__).resolve().parent.parent
+NAMES = ("Model", "ModelNew", "get_inputs", "get_init_inputs")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(args, cwd=REPO, timeout=600):
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args} failed:\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def test_constants_and_names():
+    assert (kb.num_src_nodes, kb.num_dst_nodes, kb.num_edges, kb.feat_dim) == (1024, 768, 16384, 128)
+    for name in NAMES:
+        assert callable(getattr(kb, name)), name
+    assert isinstance(kb.get_init_inputs(), (list, tuple))
+
+
+def _inputs_or_skip(module):
+    try:
+        inputs = module.get_inputs()
+    except (RuntimeError, AssertionError) as e:  # e.g. .cuda() on a machine without CUDA
+        if HAS_CUDA:
+            raise
+        pytest.skip(f"get_inputs() needs CUDA here: {e}")
+    if not HAS_CUDA and any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+        pytest.skip("get_inputs() gives CUDA tensors")
+    return inputs
+
+
+def test_get_inputs():
+    inputs = _inputs_or_skip(kb)
+    src_feat, dst_feat, src_idx, dst_idx = inputs
+    assert src_feat.shape == (kb.num_src_nodes, kb.feat_dim)
+    assert dst_feat.shape == (kb.num_dst_nodes, kb.feat_dim)
+    assert src_idx.shape == dst_idx.shape == (kb.num_edges,)
+    assert src_idx.dtype in (torch.int32, torch.int64) and dst_idx.dtype in (torch.int32, torch.int64)
+    assert 0 <= int(src_idx.min()) and int(src_idx.max()) < kb.num_src_nodes
+    assert 0 <= int(dst_idx.min()) and int(dst_idx.max()) < kb.num_dst_nodes
+    assert src_feat.is_floating_point() and (src_feat != 0).all()
+    again = kb.get_inputs()
+    assert not torch.equal(again[0], src_feat), "get_inputs() must draw fresh inputs"
+
+
+def test_model_and_model_new_agree():
+    inputs = _inputs_or_skip(kb)
+    init = kb.get_init_inputs()
+    model, model_new = kb.Model(*init), kb.ModelNew(*init)
+    expect = model(*inputs)
+    got = model_new(*inputs)
+    assert got.shape == expect.shape == (kb.num_edges,)
+    src_feat, dst_feat, src_idx, dst_idx = inputs
+    ref64 = (src_feat.double()[src_idx.long()] * dst_feat.double()[dst_idx.long()]).sum(-1)
+    assert_accurate(got, expect, ref64, src_feat.dtype, what="ModelNew")
+    assert_accurate(expect, expect, ref64, src_feat.dtype, what="Model")  # Model is the formula
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kernelbench") / "sub" / "edge_dot_problem.py"
+    _run(["-m", "edgedot.kernelbench", "--export", str(path)])
+    assert path.is_file()
+    return path
+
+
+def test_export_does_not_import_edgedot(exported):
+    tree = ast.parse(exported.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert "edgedot" not in imported
+    assert "torch" in imported
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert set(NAMES) <= defined
+
+
+# Runs in a fresh interpreter where `import edgedot` fails, so the file must stand alone.
+_CHECK_EXPORT = textwrap.dedent("""
+    import importlib.util, json, sys
+    sys.modules["edgedot"] = None  # any import of edgedot now raises ImportError
+    spec = importlib.util.spec_from_file_location("problem", sys.argv[1])
+    problem = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(problem)
+    import torch
+    report = {name: callable(getattr(problem, name, None))
+              for name in ("Model", "ModelNew", "get_inputs", "get_init_inputs")}
+    report["constants"] = [problem.num_src_nodes, problem.num_dst_nodes, problem.num_edges, problem.feat_dim]
+    inputs = problem.get_inputs()
+    init = problem.get_init_inputs()
+    expect = problem.Model(*init)(*inputs)
+    ref64 = (inputs[0].double()[inputs[2].long()] * inputs[1].double()[inputs[3].long()]).sum(-1)
+    report["model_error"] = ((expect.double() - ref64).norm() / ref64.norm()).item()
+    report["shape"] = list(expect.shape)
+    if inputs[0].is_cuda and sys.argv[2] == "1":
+        got = problem.ModelNew(*init)(*inputs)
+        torch.cuda.synchronize()
+        report["new_error"] = ((got.double() - ref64).norm() / ref64.norm()).item()
+        report["new_finite"] = bool(torch.isfinite(got).all())
+        bad = inputs[2].clone()
+        bad[::7] = problem.num_src_nodes + 3  # unchecked: NaN for those edges, no crash
+        got_bad = problem.ModelNew(*init)(inputs[0], inputs[1], bad, inputs[3])
+        torch.cuda.synchronize()
+        report["oob_nan"] = bool(torch.isnan(got_bad[::7]).all())
+        keep = torch.ones_like(bad, dtype=torch.bool)
+        keep[::7] = False
+        report["oob_rest_equal"] = bool(torch.equal(got_bad[keep], got[keep]))
+    print("REPORT" + json.dumps(report))
+""")
+
+
+def _check_export(path, build_cuda):
+    proc = _run(["-c", _CHECK_EXPORT, str(path), "1" if build_cuda else "0"], cwd=path.parent)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT")][-1]
+    return json.loads(line[len("REPORT"):])
+
+
+def test_export_is_self_contained(exported):
+    report = _check_export(exported, build_cuda=False)
+    for name in NAMES:
+        assert report[name], f"export lacks {name}"
+    assert report["constants"] == [1024, 768, 16384, 128]
+    assert report["shape"] == [16384]
+    assert report["model_error"] < 1e-5
+
+
+@requires_cuda
+def test_export_model_new_on_cuda(exported):
+    report = _check_export(exported, build_cuda=True)
+    assert report["new_finite"]
+    assert report["new_error"] <= max(2 * report["model_error"], 1e-6)
+    assert report["oob_nan"]
+    assert report["oob_rest_equal"]
+
+
+def test_cli_compares_models():
+    proc = _run(["-m", "edgedot.kernelbench"])
+    assert "ModelNew vs Model" in proc.stdout
+    error = float(proc.stdout.strip().split()[-1])
+    assert error < 1e-3
