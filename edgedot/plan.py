@@ -2,9 +2,9 @@
 
 A gradient row ``grad[n]`` sums one term per edge whose index is ``n``. Sorting the edges by that
 index makes every row a contiguous run, which one thread group reduces in registers and writes
-once: no float atomics, so the result is bitwise reproducible. Rows longer than ``PIECE_LEN``
-edges (the hot rows of power-law graphs) are cut into pieces reduced in parallel into a small
-workspace, then summed in a fixed order.
+once: no float atomics, so the result is bitwise reproducible. Rows longer than a piece (at
+most PIECE_LEN edges; the hot rows of power-law graphs) are cut into pieces reduced in parallel
+into a small workspace, then summed in a fixed order.
 
 The plan is built with plain tensor operations of static size (no host synchronisation), so it
 also works inside ``torch.compile``; it costs O(E + N) integers and never O(E * D).
@@ -14,17 +14,24 @@ import torch
 
 from ._checks import check_index_range, check_indices_pair
 
-__all__ = ["EdgePlan", "PIECE_LEN", "build_side"]
+__all__ = ["EdgePlan", "PIECE_LEN", "build_side", "piece_len"]
 
-# Edges one thread group reduces serially; longer rows are split. Large enough that splits are
-# rare on ordinary graphs, small enough that a hot row does not serialise the whole kernel.
+# Edges one thread group reduces serially at most; longer rows are split. Large enough that
+# splits are rare on ordinary graphs, small enough that a hot row does not serialise the kernel.
 PIECE_LEN = 256
+# Small graphs use shorter pieces, so that about this many pieces keep every SM busy.
+TARGET_PIECES = 1 << 16
+
+
+def piece_len(num_edges):
+    """Longest piece for a graph of ``num_edges`` edges: between 8 and PIECE_LEN."""
+    return max(8, min(PIECE_LEN, num_edges // TARGET_PIECES))
 
 
 def build_side(row_idx, other_idx, num_rows):
     """Groups the edges by ``row_idx`` for one gradient, packed in one int64 tensor.
 
-    The packed tensor concatenates, in this order (``P = num_rows + E // PIECE_LEN``):
+    The packed tensor concatenates, in this order (``P = num_rows + E // piece_len(E)``):
 
     ``order`` [E]
         edge ids sorted by row (stable, so ties keep edge order).
@@ -42,24 +49,26 @@ def build_side(row_idx, other_idx, num_rows):
     """
     device = row_idx.device
     num_edges = row_idx.shape[0]
-    rows = row_idx.long()
-    sorted_rows, order = torch.sort(rows, stable=True)
-    other_sorted = other_idx.long()[order]
-    row_ptr = torch.searchsorted(sorted_rows, torch.arange(num_rows + 1, device=device))
+    length = piece_len(num_edges)
+    # 32-bit keys sort in half the radix passes of 64-bit ones.
+    key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
+    sorted_rows, order = torch.sort(row_idx.to(key_dtype), stable=True)
+    other_sorted = other_idx[order].long()
+    row_ptr = torch.searchsorted(sorted_rows, torch.arange(num_rows + 1, device=device, dtype=key_dtype))
     degree = row_ptr[1:] - row_ptr[:-1]
-    row_pieces = ((degree + PIECE_LEN - 1) // PIECE_LEN).clamp_(min=1)
+    row_pieces = ((degree + length - 1) // length).clamp_(min=1)
     pieces_end = torch.cumsum(row_pieces, 0)
     pieces_begin = pieces_end - row_pieces
 
-    num_pieces = num_rows + num_edges // PIECE_LEN
+    num_pieces = num_rows + num_edges // length
     piece = torch.arange(num_pieces, device=device)
     row = torch.searchsorted(pieces_end, piece, right=True)
     used = row < num_rows
     row_c = row.clamp(max=max(num_rows - 1, 0))
     k = piece - pieces_begin[row_c] if num_rows else piece
     if num_rows:
-        piece_begin = row_ptr[row_c] + k * PIECE_LEN
-        piece_end = torch.minimum(piece_begin + PIECE_LEN, row_ptr[row_c + 1])
+        piece_begin = row_ptr[row_c] + k * length
+        piece_end = torch.minimum(piece_begin + length, row_ptr[row_c + 1])
     else:
         piece_begin = piece_end = torch.zeros_like(piece)
 
@@ -76,7 +85,7 @@ def build_side(row_idx, other_idx, num_rows):
 
 def check_plan_layout(packed, num_edges, num_rows, device):
     """Raises ValueError unless ``packed`` has the layout of ``build_side`` for this graph."""
-    pieces = num_rows + num_edges // PIECE_LEN
+    pieces = num_rows + num_edges // piece_len(num_edges)
     size = 2 * num_edges + 4 * pieces + 2 * num_rows
     if packed.dtype != torch.int64 or packed.dim() != 1 or packed.numel() != size or not packed.is_contiguous():
         raise ValueError(

@@ -1,10 +1,13 @@
 // Backward without a plan: edges in the order given, atomics into the gradient.
+#include <algorithm>
+
 #include "grad_common.cuh"
 
 namespace edgedot {
 
-// Consecutive edges a group walks; runs of equal rows inside a tile cost one atomic flush.
-constexpr int kTileEdges = 16;
+// Most consecutive edges a group walks; runs of equal rows inside a tile cost one atomic flush.
+// Small graphs get shorter tiles so that every SM has work.
+constexpr int64_t kMaxTileEdges = 16;
 
 // float4 atomics exist from sm_90 on: a quarter of the atomic instructions.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -35,7 +38,7 @@ __device__ __forceinline__ void atomic_add_vec(double* p, const double (&x)[VEC]
 // flushes it with atomics when the row changes, so input sorted by row is nearly atomic-free.
 template <typename T, int VEC, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kBlockThreads)
-grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group) {
+grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group, int64_t tile_edges) {
   using A = accum_t<T>;
   const T* __restrict__ grad_out = static_cast<const T*>(a.grad_out);
   const T* __restrict__ other = static_cast<const T*>(a.other.data);
@@ -43,7 +46,7 @@ grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group) {
   const OtherIdx* __restrict__ other_idx = static_cast<const OtherIdx*>(a.other_idx);
 
   const int64_t vectors = a.dim / VEC;
-  const int64_t units = (a.num_edges + kTileEdges - 1) / kTileEdges * a.heads;
+  const int64_t units = (a.num_edges + tile_edges - 1) / tile_edges * a.heads;
   const int lane = threadIdx.x & (group - 1);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
 
@@ -52,8 +55,8 @@ grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group) {
     const int64_t tile = unit / a.heads;
     const int64_t h = unit - tile * a.heads;
     const int64_t grad_head = a.row_heads == 1 ? 0 : h;
-    const int64_t e_begin = tile * kTileEdges;
-    const int64_t e_end = min(a.num_edges, e_begin + kTileEdges);
+    const int64_t e_begin = tile * tile_edges;
+    const int64_t e_end = min(a.num_edges, e_begin + tile_edges);
     for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
       RowSlice<T, VEC> slice;
       slice.zero();
@@ -88,8 +91,12 @@ template <typename T, int VEC, typename RowIdx, typename OtherIdx>
 void launch(const GradArgs& a, accum_t<T>* grad, cudaStream_t stream) {
   const int group = group_size(a.dim / VEC);
   auto kernel = grad_atomic_kernel<T, VEC, RowIdx, OtherIdx>;
-  const int64_t units = (a.num_edges + kTileEdges - 1) / kTileEdges * a.heads;
-  kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(a, grad, group);
+  // Four tiles per resident group at least, before tiles grow towards kMaxTileEdges.
+  const int64_t resident_groups =
+      static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(kernel)) * kBlockThreads / group;
+  const int64_t tile_edges = std::max<int64_t>(1, std::min(kMaxTileEdges, a.num_edges / (4 * resident_groups)));
+  const int64_t units = (a.num_edges + tile_edges - 1) / tile_edges * a.heads;
+  kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(a, grad, group, tile_edges);
 }
 
 void launch_grad_atomic(const GradArgs& a, void* grad_acc, ScalarKind scalar, IndexKind row_index,
