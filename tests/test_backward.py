@@ -1,0 +1,300 @@
+"""Backward pass: gradients vs autograd of the float64 reference, gradcheck, plans, determinism."""
+
+import pytest
+import torch
+
+import edgedot
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PIECE_LEN, assert_accurate, check_backward,
+                   dtype_id, edgedot_grads, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
+                   reference, reference_grads, rel_error, requires_cuda, skewed_index)
+
+# name -> (num_src, src shape after N, num_dst, dst shape after N, num_edges)
+GRAD_CASES = {
+    "2d": (40, (33,), 30, (33,), 500),
+    "heads": (40, (3, 16), 30, (3, 16), 400),
+    "broadcast_1": (40, (1, 16), 30, (4, 16), 400),
+    "broadcast_2d": (40, (4, 16), 30, (16,), 400),
+    "hot_rows": (50, (8,), 20, (8,), 3 * PIECE_LEN + 100),
+    "one_edge": (3, (5,), 4, (5,), 1),
+    "no_edges": (3, (2, 5), 4, (2, 5), 0),
+}
+
+
+def _graph(case, dtype, index_dtype, device, seed=0):
+    num_src, src_shape, num_dst, dst_shape, num_edges = GRAD_CASES[case]
+    g = gen(seed)
+    src = rand_feat((num_src, *src_shape), dtype, device, g)
+    dst = rand_feat((num_dst, *dst_shape), dtype, device, g)
+    if case == "hot_rows":  # rows longer than PIECE_LEN on both sides (pieces get split)
+        src_idx = skewed_index(num_src, num_edges, index_dtype, device, g, hot={1: PIECE_LEN + 1})
+        dst_idx = skewed_index(num_dst, num_edges, index_dtype, device, g, hot={2: 2 * PIECE_LEN})
+    else:
+        src_idx = rand_index(num_src, num_edges, index_dtype, device, g)
+        dst_idx = rand_index(num_dst, num_edges, index_dtype, device, g)
+    return src, dst, src_idx, dst_idx
+
+
+def _grad_out(src, dst, num_edges, g):
+    if src.dim() == 2 and dst.dim() == 2:
+        shape = (num_edges,)
+    else:
+        shape = (num_edges, max(src.shape[1] if src.dim() == 3 else 1, dst.shape[1] if dst.dim() == 3 else 1))
+    return rand_feat(shape, src.dtype, src.device, g)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_matches_reference(device, dtype, index_dtype, case, use_plan, deterministic):
+    src, dst, src_idx, dst_idx = _graph(case, dtype, index_dtype, device)
+    grad_out = _grad_out(src, dst, src_idx.shape[0], gen(1))
+    plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0]) if use_plan else None
+    check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan, deterministic=deterministic)
+
+
+@requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dim", [1, 33, 128, 1000])
+def test_cuda_grad_large_skewed(dim, dtype, use_plan, deterministic):
+    g = gen(2)
+    num_src, num_dst, num_edges = 20_000, 10_000, min(1 << 20, (1 << 27) // dim)
+    src = rand_feat((num_src, dim), dtype, "cuda", g)
+    dst = rand_feat((num_dst, 2, dim), dtype, "cuda", g)
+    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={5: num_edges // 3})
+    dst_idx = skewed_index(num_dst, num_edges, torch.int32, "cuda", g, hot={9: 10 * PIECE_LEN + 3})
+    grad_out = rand_feat((num_edges, 2), dtype, "cuda", g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst) if use_plan else None
+    fill_cuda_cache_with_nan()
+    check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan, deterministic=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
+@pytest.mark.parametrize("case", ["2d", "heads", "broadcast_1", "broadcast_2d", "hot_rows"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck(device, case, use_plan, deterministic):
+    num_src, src_shape, num_dst, dst_shape, _ = GRAD_CASES[case]
+    g = gen(3)
+    if case == "hot_rows":  # keep gradcheck cheap, but still split a row into pieces
+        num_src, num_dst, src_shape, dst_shape, num_edges = 4, 3, (2,), (2,), PIECE_LEN + 7
+    else:
+        num_src, num_dst, num_edges = 6, 5, 12
+        src_shape, dst_shape = tuple(min(s, 3) for s in src_shape), tuple(min(s, 3) for s in dst_shape)
+    src = rand_feat((num_src, *src_shape), torch.float64, device, g, requires_grad=True)
+    dst = rand_feat((num_dst, *dst_shape), torch.float64, device, g, requires_grad=True)
+    src_idx = rand_index(num_src, num_edges, torch.int64, device, g)
+    dst_idx = rand_index(num_dst, num_edges, torch.int32, device, g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst) if use_plan else None
+
+    def fn(s, d):
+        return edgedot.edge_dot(s, d, src_idx, dst_idx, plan=plan, deterministic=deterministic)
+
+    assert torch.autograd.gradcheck(fn, (src, dst), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(30, 16), (30, 2, 16)], ids=["2d", "heads"])
+def test_same_tensor_both_sides(device, dtype, use_plan, shape):
+    """edge_dot(x, x, s, d): the two gradient contributions are summed into x.grad."""
+    g = gen(4)
+    x = rand_feat(shape, dtype, device, g)
+    num_edges = PIECE_LEN + 50
+    src_idx = skewed_index(30, num_edges, torch.int64, device, g, hot={0: PIECE_LEN + 1})
+    dst_idx = rand_index(30, num_edges, torch.int64, device, g)
+    grad_out = _grad_out(x, x, num_edges, g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, 30, 30) if use_plan else None
+
+    xe = x.detach().clone().requires_grad_(True)
+    edgedot.edge_dot(xe, xe, src_idx, dst_idx, plan=plan).backward(grad_out)
+    grads = {}
+    for dt in (dtype, torch.float64):
+        xr = x.detach().to(dt).requires_grad_(True)
+        reference(xr, xr, src_idx, dst_idx).backward(grad_out.to(dt))
+        grads[dt] = xr.grad
+    assert_accurate(xe.grad, grads[dtype], grads[torch.float64], dtype, what="x.grad")
+    if device == "cpu" or use_plan:  # deterministic backward: exactly the sum of both sides
+        gs, gd = edgedot_grads(x, x, src_idx, dst_idx, grad_out, plan=plan)
+        assert torch.equal(xe.grad, gs + gd)
+
+
+@pytest.mark.parametrize("side", ["src", "dst"])
+@pytest.mark.parametrize("case", ["2d", "broadcast_1", "broadcast_2d"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_only_one_side_requires_grad(device, case, side):
+    src, dst, src_idx, dst_idx = _graph(case, torch.float32, torch.int64, device, seed=5)
+    grad_out = _grad_out(src, dst, src_idx.shape[0], gen(6))
+    src.requires_grad_(side == "src")
+    dst.requires_grad_(side == "dst")
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
+    assert out.requires_grad
+    out.backward(grad_out)
+    ref_s, ref_d = reference_grads(src, dst, src_idx, dst_idx, grad_out)
+    r64_s, r64_d = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
+    if side == "src":
+        assert dst.grad is None
+        assert_accurate(src.grad, ref_s, r64_s, torch.float32)
+    else:
+        assert src.grad is None
+        assert_accurate(dst.grad, ref_d, r64_d, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_side_requires_grad(device):
+    src, dst, src_idx, dst_idx = _graph("2d", torch.float32, torch.int64, device)
+    assert not edgedot.edge_dot(src, dst, src_idx, dst_idx).requires_grad
+
+
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["broadcast_1", "broadcast_2d"])
+def test_heads_broadcast_grad_shapes(device, dtype, case):
+    """The broadcast side's gradient keeps its own shape and sums over the heads."""
+    src, dst, src_idx, dst_idx = _graph(case, dtype, torch.int64, device, seed=7)
+    grad_out = _grad_out(src, dst, src_idx.shape[0], gen(8))
+    gs, gd = check_backward(src, dst, src_idx, dst_idx, grad_out)
+    assert gs.shape == src.shape and gd.shape == dst.shape
+    # Explicit formula for the broadcast side, in float64.
+    narrow, wide, n_idx, w_idx, g_narrow = (
+        (src, dst, src_idx, dst_idx, gs) if case == "broadcast_1" else (dst, src, dst_idx, src_idx, gd))
+    expect = torch.zeros(narrow.shape[0], narrow.shape[-1], dtype=torch.float64, device=device)
+    contrib = (grad_out.double()[:, :, None] * wide.double()[w_idx.long()]).sum(1)
+    expect.index_add_(0, n_idx.long(), contrib)
+    got = g_narrow.double().reshape(narrow.shape[0], narrow.shape[-1])
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    assert rel_error(got, expect) <= tol
+
+
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_unused_rows_get_zero_grad(device, dtype):
+    """Rows no edge touches get exactly 0 (not garbage), with and without a plan."""
+    g = gen(9)
+    src, dst = rand_feat((100, 2, 24), dtype, device, g), rand_feat((80, 24), dtype, device, g)
+    src_idx = rand_index(10, 600, torch.int64, device, g) * 3  # rows 0, 3, ..., 27 only
+    dst_idx = rand_index(40, 600, torch.int32, device, g) + 20  # rows 20..59 only
+    grad_out = rand_feat((600, 2), dtype, device, g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, 100, 80)
+    for kwargs in ({}, {"plan": plan}, {"deterministic": True}):
+        if device == "cuda":
+            fill_cuda_cache_with_nan()
+        gs, gd = check_backward(src, dst, src_idx, dst_idx, grad_out, **kwargs)
+        used_s = torch.zeros(100, dtype=torch.bool, device=device)
+        used_s[src_idx.long()] = True
+        used_d = torch.zeros(80, dtype=torch.bool, device=device)
+        used_d[dst_idx.long()] = True
+        assert (gs[~used_s] == 0).all() and (gd[~used_d] == 0).all(), kwargs
+        assert (gs[used_s] != 0).any() and (gd[used_d] != 0).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_graph_backward(device):
+    src = rand_feat((4, 3, 8), torch.float32, device, requires_grad=True)
+    dst = rand_feat((5, 1, 8), torch.float32, device, requires_grad=True)
+    idx = torch.empty(0, dtype=torch.int64, device=device)
+    for plan in (None, edgedot.EdgePlan(idx, idx, 4, 5)):
+        src.grad = dst.grad = None
+        out = edgedot.edge_dot(src, dst, idx, idx, plan=plan, deterministic=plan is None)
+        assert out.shape == (0, 3)
+        out.sum().backward()
+        assert src.grad.shape == src.shape and dst.grad.shape == dst.shape
+        assert (src.grad == 0).all() and (dst.grad == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_reuse(device):
+    """One plan serves many steps: identical grads for identical inputs, correct for new ones."""
+    g = gen(10)
+    num_src, num_dst, num_edges = 60, 50, 4 * PIECE_LEN
+    src_idx = skewed_index(num_src, num_edges, torch.int32, device, g, hot={4: 2 * PIECE_LEN + 5})
+    dst_idx = rand_index(num_dst, num_edges, torch.int64, device, g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
+    src, dst = rand_feat((num_src, 16), device=device, g=g), rand_feat((num_dst, 16), device=device, g=g)
+    grad_out = rand_feat((num_edges,), device=device, g=g)
+    first = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+    packed = plan.src.clone(), plan.dst.clone()
+    for _ in range(3):
+        again = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert torch.equal(plan.src, packed[0]) and torch.equal(plan.dst, packed[1]), "plan was modified"
+    for step in range(3):  # a training loop: new features and upstream gradients each step
+        src2 = rand_feat((num_src, 16), device=device, g=g)
+        dst2 = rand_feat((num_dst, 16), device=device, g=g)
+        go = rand_feat((num_edges,), device=device, g=g)
+        check_backward(src2, dst2, src_idx, dst_idx, go, plan=plan)
+
+
+def _bitwise_runs(src, dst, src_idx, dst_idx, grad_out, runs=5, **kwargs):
+    results = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out, **kwargs) for _ in range(runs)]
+    for gs, gd in results[1:]:
+        assert torch.equal(gs, results[0][0]), f"grad src_feat differs between runs ({kwargs})"
+        assert torch.equal(gd, results[0][1]), f"grad dst_feat differs between runs ({kwargs})"
+    return results[0]
+
+
+def _hot_graph(device, dtype=torch.float32):
+    g = gen(11)
+    big = device == "cuda"
+    num_src, num_dst = (5000, 3000) if big else (300, 200)
+    num_edges = (1 << 19) if big else 8 * PIECE_LEN
+    hot_src = {0: num_edges // 4, 17: PIECE_LEN + 1, 18: 3 * PIECE_LEN} if big else {0: 3 * PIECE_LEN + 1}
+    src_idx = skewed_index(num_src, num_edges, torch.int64, device, g, hot=hot_src)
+    dst_idx = skewed_index(num_dst, num_edges, torch.int32, device, g, hot={1: 2 * PIECE_LEN + 9})
+    assert torch.bincount(src_idx.long()).max() > PIECE_LEN
+    assert torch.bincount(dst_idx.long()).max() > PIECE_LEN
+    src = rand_feat((num_src, 2, 64), dtype, device, g)
+    dst = rand_feat((num_dst, 2, 64), dtype, device, g)
+    grad_out = rand_feat((num_edges, 2), dtype, device, g)
+    return src, dst, src_idx, dst_idx, grad_out
+
+
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_bitwise(device, dtype):
+    src, dst, src_idx, dst_idx, grad_out = _hot_graph(device, dtype)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0])
+    _bitwise_runs(src, dst, src_idx, dst_idx, grad_out, deterministic=True)
+    _bitwise_runs(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+    _bitwise_runs(src, dst, src_idx, dst_idx, grad_out, plan=plan, deterministic=True)
+    check_backward(src, dst, src_idx, dst_idx, grad_out, deterministic=True)
+    check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_follows_torch_switch(device, restore_deterministic):
+    src, dst, src_idx, dst_idx, grad_out = _hot_graph(device)
+    torch.use_deterministic_algorithms(True)
+    assert torch.are_deterministic_algorithms_enabled()
+    # deterministic=None follows the global switch; must not raise under it either.
+    _bitwise_runs(src, dst, src_idx, dst_idx, grad_out)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0])
+    _bitwise_runs(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+    torch.use_deterministic_algorithms(False)
+    check_backward(src, dst, src_idx, dst_idx, grad_out)
+
+
+@requires_cuda
+def test_cuda_deterministic_matches_plan_free_and_default():
+    """All backward flavours agree (within tolerance) on a hot-row graph."""
+    src, dst, src_idx, dst_idx, grad_out = _hot_graph("cuda")
+    plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0])
+    for kwargs in ({}, {"deterministic": True}, {"plan": plan}, {"plan": plan, "deterministic": False}):
+        check_backward(src, dst, src_idx, dst_idx, grad_out, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_accumulates_into_existing_grad(device):
+    src, dst, src_idx, dst_idx = _graph("2d", torch.float64, torch.int64, device, seed=12)
+    src.requires_grad_(True)
+    dst.requires_grad_(True)
+    edgedot.edge_dot(src, dst, src_idx, dst_idx).sum().backward()
+    first = src.grad.clone(), dst.grad.clone()
+    edgedot.edge_dot(src, dst, src_idx, dst_idx).sum().backward()
+    torch.testing.assert_close(src.grad, 2 * first[0])
+    torch.testing.assert_close(dst.grad, 2 * first[1])

@@ -1,0 +1,105 @@
+"""CUDA-only behaviour: graph capture and replay, streams. Skipped without a GPU."""
+
+import pytest
+import torch
+
+import edgedot
+from utils import (PIECE_LEN, assert_accurate, gen, rand_feat, rand_index, reference, reference64,
+                   reference_grads, requires_cuda, skewed_index)
+
+pytestmark = requires_cuda
+
+
+def _static_inputs(heads, g):
+    num_src, num_dst, num_edges = 3000, 2000, 50_000
+    src = rand_feat((num_src, 4, 64) if heads else (num_src, 64), torch.float32, "cuda", g)
+    dst = rand_feat((num_dst, 1, 64) if heads else (num_dst, 64), torch.float32, "cuda", g)
+    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={0: 4 * PIECE_LEN})
+    dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
+    return src, dst, src_idx, dst_idx
+
+
+def _warmup(fn, n=3):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(n):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("check_indices", [True, False])
+@pytest.mark.parametrize("heads", [False, True])
+def test_graph_capture_forward(heads, check_indices):
+    g = gen(0)
+    src, dst, src_idx, dst_idx = _static_inputs(heads, g)
+
+    def run():
+        return edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=check_indices)
+
+    _warmup(run)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for step in range(3):  # new values in the static inputs, then replay
+        src.copy_(rand_feat(src.shape, torch.float32, "cuda", g))
+        dst.copy_(rand_feat(dst.shape, torch.float32, "cuda", g))
+        src_idx.copy_(rand_index(src.shape[0], src_idx.shape[0], torch.int64, "cuda", g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
+                        torch.float32, what=f"replay {step}")
+    # Outside capture the checks are back.
+    bad = src_idx.clone()
+    bad[0] = src.shape[0]
+    with pytest.raises(IndexError, match="src_idx"):
+        edgedot.edge_dot(src, dst, bad, dst_idx)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
+def test_graph_capture_forward_backward(use_plan):
+    g = gen(1)
+    src, dst, src_idx, dst_idx = _static_inputs(True, g)
+    src.requires_grad_(True)
+    dst.requires_grad_(True)
+    grad_out = rand_feat((src_idx.shape[0], 4), torch.float32, "cuda", g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0]) if use_plan else None
+
+    def run():
+        out = edgedot.edge_dot(src, dst, src_idx, dst_idx, plan=plan)
+        return (out, *torch.autograd.grad(out, (src, dst), grad_out))
+
+    _warmup(run)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, grad_src, grad_dst = run()
+    for step in range(2):
+        with torch.no_grad():
+            src.copy_(rand_feat(src.shape, torch.float32, "cuda", g))
+            dst.copy_(rand_feat(dst.shape, torch.float32, "cuda", g))
+            grad_out.copy_(rand_feat(grad_out.shape, torch.float32, "cuda", g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_accurate(out, reference(src, dst, src_idx, dst_idx).detach(),
+                        reference64(src, dst, src_idx, dst_idx), torch.float32)
+        low = reference_grads(src, dst, src_idx, dst_idx, grad_out)
+        f64 = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
+        assert_accurate(grad_src, low[0], f64[0], torch.float32, what="grad src_feat")
+        assert_accurate(grad_dst, low[1], f64[1], torch.float32, what="grad dst_feat")
+
+
+def test_check_indices_false_runs_on_side_stream_without_sync():
+    """An unchecked call on a busy side stream returns before that stream finishes."""
+    g = gen(2)
+    src, dst, src_idx, dst_idx = _static_inputs(False, g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s or more of GPU time
+        out = edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=False)
+        assert not side.query(), "edge_dot(check_indices=False) waited for the GPU"
+    side.synchronize()
+    assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
+                    torch.float32)

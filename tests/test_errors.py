@@ -1,0 +1,281 @@
+"""Bad inputs raise before anything is computed, with a message naming the argument; out-of-range
+indices are caught on every device and never leave the process (or CUDA context) unusable."""
+
+import pytest
+import torch
+
+import edgedot
+from utils import (DEVICES, assert_accurate, check_forward, gen, rand_feat, rand_index, reference,
+                   reference64, requires_cuda, requires_2_gpus)
+
+NUM_SRC, NUM_DST, NUM_EDGES, DIM = 9, 13, 40, 8  # NUM_SRC < NUM_DST: catches checking against the wrong N
+
+
+def _good(device, heads=False):
+    g = gen(0)
+    src = rand_feat((NUM_SRC, 2, DIM) if heads else (NUM_SRC, DIM), torch.float32, device, g)
+    dst = rand_feat((NUM_DST, 2, DIM) if heads else (NUM_DST, DIM), torch.float32, device, g)
+    return {"src_feat": src, "dst_feat": dst,
+            "src_idx": rand_index(NUM_SRC, NUM_EDGES, torch.int64, device, g),
+            "dst_idx": rand_index(NUM_DST, NUM_EDGES, torch.int32, device, g)}
+
+
+def _call(args, **kwargs):
+    return edgedot.edge_dot(args["src_feat"], args["dst_feat"], args["src_idx"], args["dst_idx"], **kwargs)
+
+
+def _with(args, **changes):
+    out = dict(args)
+    out.update(changes)
+    return out
+
+
+def _bad_index(idx, pos, value):
+    idx = idx.clone()
+    idx[pos] = value
+    return idx
+
+
+def _cases(device):
+    """(id, args, exception, names that the message must contain)."""
+    a = _good(device)
+    h = _good(device, heads=True)
+    f32 = torch.float32
+    return [
+        ("D_mismatch", _with(a, dst_feat=rand_feat((NUM_DST, DIM + 1), f32, device)), ValueError, ["src_feat", "dst_feat"]),
+        ("D_mismatch_heads", _with(h, src_feat=rand_feat((NUM_SRC, 2, DIM - 1), f32, device)), ValueError, ["src_feat", "dst_feat"]),
+        ("H_mismatch", _with(h, dst_feat=rand_feat((NUM_DST, 3, DIM), f32, device)), ValueError, ["src_feat", "dst_feat"]),
+        ("E_mismatch", _with(a, dst_idx=a["dst_idx"][:-1]), ValueError, ["src_idx", "dst_idx"]),
+        ("src_feat_1d", _with(a, src_feat=rand_feat((NUM_SRC,), f32, device)), ValueError, ["src_feat"]),
+        ("dst_feat_4d", _with(a, dst_feat=rand_feat((NUM_DST, 1, 1, DIM), f32, device)), ValueError, ["dst_feat"]),
+        ("src_idx_2d", _with(a, src_idx=a["src_idx"].reshape(2, -1)), ValueError, ["src_idx"]),
+        ("dst_idx_2d", _with(a, dst_idx=a["dst_idx"].reshape(-1, 1)), ValueError, ["dst_idx"]),
+        ("src_idx_0d", _with(a, src_idx=a["src_idx"][0]), ValueError, ["src_idx"]),
+        ("src_idx_float", _with(a, src_idx=a["src_idx"].float()), TypeError, ["src_idx"]),
+        ("dst_idx_float", _with(a, dst_idx=a["dst_idx"].double()), TypeError, ["dst_idx"]),
+        ("dst_idx_int16", _with(a, dst_idx=a["dst_idx"].short()), TypeError, ["dst_idx"]),
+        ("src_idx_bool", _with(a, src_idx=a["src_idx"] > 3), TypeError, ["src_idx"]),
+        ("src_idx_uint8", _with(a, src_idx=a["src_idx"].to(torch.uint8)), TypeError, ["src_idx"]),
+        ("feat_dtype_mismatch", _with(a, dst_feat=a["dst_feat"].double()), TypeError, ["src_feat", "dst_feat"]),
+        ("feat_dtype_mismatch_half", _with(a, src_feat=a["src_feat"].half()), TypeError, ["src_feat", "dst_feat"]),
+        ("src_feat_int", _with(a, src_feat=a["src_feat"].long(), dst_feat=a["dst_feat"].long()), TypeError, ["src_feat"]),
+        ("src_idx_negative", _with(a, src_idx=_bad_index(a["src_idx"], 5, -1)), IndexError, ["src_idx"]),
+        ("src_idx_eq_N", _with(a, src_idx=_bad_index(a["src_idx"], -1, NUM_SRC)), IndexError, ["src_idx"]),
+        ("src_idx_huge", _with(a, src_idx=_bad_index(a["src_idx"], 0, 2**40)), IndexError, ["src_idx"]),
+        ("dst_idx_negative", _with(a, dst_idx=_bad_index(a["dst_idx"], 7, -5)), IndexError, ["dst_idx"]),
+        ("dst_idx_eq_N", _with(a, dst_idx=_bad_index(a["dst_idx"], 3, NUM_DST)), IndexError, ["dst_idx"]),
+        ("dst_idx_int32_min", _with(a, dst_idx=_bad_index(a["dst_idx"], 3, -2**31)), IndexError, ["dst_idx"]),
+        ("heads_src_idx_eq_N", _with(h, src_idx=_bad_index(h["src_idx"], 1, NUM_SRC)), IndexError, ["src_idx"]),
+    ]
+
+
+def _ids(device="cpu"):
+    return [c[0] for c in _cases(device)]
+
+
+@pytest.mark.parametrize("case", _ids())
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device, case):
+    _, args, exc, names = next(c for c in _cases(device) if c[0] == case)
+    before = {k: v.clone() for k, v in args.items()}
+    with pytest.raises(exc, match=names[0]) as info:
+        _call(args)
+    for name in names:
+        assert name in str(info.value), f"message does not name {name}: {info.value}"
+    for k, v in args.items():
+        assert torch.equal(v, before[k]), f"{k} was modified by a failing call"
+    if device == "cuda":
+        torch.cuda.synchronize()
+        check_forward(**_good(device))  # the context is still usable
+    # The same error through the module and with a plan-free deterministic call.
+    with pytest.raises(exc, match=names[0]):
+        edgedot.nn.EdgeDot(deterministic=True)(args["src_feat"], args["dst_feat"], args["src_idx"], args["dst_idx"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_not_tensors(device):
+    a = _good(device)
+    # The dispatcher may refuse a non-tensor first (RuntimeError); either way, naming it.
+    with pytest.raises((TypeError, RuntimeError), match="src_feat"):
+        _call(_with(a, src_feat=a["src_feat"].tolist()))
+    with pytest.raises((TypeError, RuntimeError), match="dst_idx"):
+        _call(_with(a, dst_idx=a["dst_idx"].tolist()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_oob_with_grad_leaves_no_grad(device):
+    a = _good(device)
+    src = a["src_feat"].clone().requires_grad_(True)
+    with pytest.raises(IndexError, match="dst_idx"):
+        _call(_with(a, src_feat=src, dst_idx=_bad_index(a["dst_idx"], 0, NUM_DST + 100)))
+    assert src.grad is None
+
+
+def test_cpu_oob_raises_even_without_check():
+    """On the CPU out-of-range indices are always refused (edgedot/ops.py), never read."""
+    a = _good("cpu")
+    for name, value in (("src_idx", NUM_SRC), ("dst_idx", -1)):
+        bad = _with(a, **{name: _bad_index(a[name], 2, value)})
+        with pytest.raises(IndexError, match=name):
+            _call(bad, check_indices=False)
+
+
+def test_mixed_devices_via_meta():
+    """Device mismatches are caught by the argument checks (here: meta vs cpu, on any machine)."""
+    a = _good("cpu")
+    for name in ("src_feat", "dst_feat", "src_idx", "dst_idx"):
+        bad = _with(a, **{name: a[name].to("meta")})
+        with pytest.raises(ValueError, match=name):
+            _call(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_of_wrong_graph_size(device):
+    a = _good(device)
+    plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST)
+    for bad in (edgedot.EdgePlan(a["src_idx"][:-1], a["dst_idx"][:-1], NUM_SRC, NUM_DST),
+                edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC + 1, NUM_DST),
+                edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST + 1)):
+        with pytest.raises(ValueError, match="plan"):
+            _call(a, plan=bad)
+    # Swapped sides (num_src and num_dst exchanged) are a size mismatch too.
+    swapped = edgedot.EdgePlan(a["dst_idx"], a["dst_idx"], NUM_DST, NUM_DST)
+    with pytest.raises(ValueError, match="plan"):
+        _call(a, plan=swapped)
+    # And the right plan works.
+    check_forward(**a, plan=plan)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_edge_plan_bad_inputs(device):
+    a = _good(device)
+    s, d = a["src_idx"], a["dst_idx"]
+    with pytest.raises(IndexError, match="src_idx"):
+        edgedot.EdgePlan(_bad_index(s, 0, NUM_SRC), d, NUM_SRC, NUM_DST)
+    with pytest.raises(IndexError, match="dst_idx"):
+        edgedot.EdgePlan(s, _bad_index(d, 0, -1), NUM_SRC, NUM_DST)
+    with pytest.raises(ValueError, match="src_idx|dst_idx"):
+        edgedot.EdgePlan(s, d[:-1], NUM_SRC, NUM_DST)
+    with pytest.raises(TypeError, match="src_idx"):
+        edgedot.EdgePlan(s.float(), d, NUM_SRC, NUM_DST)
+    with pytest.raises(ValueError, match="dst_idx"):
+        edgedot.EdgePlan(s, d.reshape(2, -1), NUM_SRC, NUM_DST)
+
+
+# ----------------------------------------------------------------------------------- CUDA only
+
+
+@requires_cuda
+def test_cuda_mixed_devices():
+    a = _good("cuda")
+    for name in ("src_feat", "dst_feat", "src_idx", "dst_idx"):
+        with pytest.raises(ValueError, match=name):
+            _call(_with(a, **{name: a[name].cpu()}))
+    torch.cuda.synchronize()
+    check_forward(**a)
+
+
+@requires_cuda
+def test_cuda_plan_on_wrong_device():
+    a = _good("cuda")
+    plan = edgedot.EdgePlan(a["src_idx"].cpu(), a["dst_idx"].cpu(), NUM_SRC, NUM_DST)
+    with pytest.raises(ValueError, match="plan"):
+        _call(a, plan=plan)
+    check_forward(**a, plan=plan.to("cuda"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("name, value", [("src_idx", -1), ("src_idx", NUM_SRC), ("dst_idx", NUM_DST),
+                                         ("dst_idx", -2**31), ("src_idx", 2**40)])
+def test_cuda_oob_raises_then_recovers(name, value, heads):
+    a = _good("cuda", heads)
+    if value == 2**40 and a[name].dtype == torch.int32:
+        pytest.skip("value does not fit int32")
+    bad = _with(a, **{name: _bad_index(a[name], NUM_EDGES // 2, value)})
+    with pytest.raises(IndexError, match=name):
+        _call(bad)
+        torch.cuda.synchronize()
+    torch.cuda.synchronize()  # no sticky error: the CUDA context is still usable
+    check_forward(**a)
+    # with a gradient too
+    src = a["src_feat"].clone().requires_grad_(True)
+    edgedot.edge_dot(src, a["dst_feat"], a["src_idx"], a["dst_idx"]).sum().backward()
+    torch.cuda.synchronize()
+    assert torch.isfinite(src.grad).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads", [False, True])
+def test_cuda_unchecked_oob_gives_nan(heads):
+    """check_indices=False: out-of-range edges yield NaN, the others are right, nothing crashes.
+
+    The features are views into a larger buffer full of finite values, so reading past the end
+    of a view (an index == N, or a negative one) would produce a finite number, not NaN."""
+    g = gen(1)
+    num_edges = 5000
+    tail = (2, DIM) if heads else (DIM,)
+    src_buf = rand_feat((NUM_SRC + 64, *tail), torch.float32, "cuda", g)
+    dst_buf = rand_feat((NUM_DST + 64, *tail), torch.float32, "cuda", g)
+    src, dst = src_buf[32:32 + NUM_SRC], dst_buf[32:32 + NUM_DST]  # finite rows on both sides
+    src_idx = rand_index(NUM_SRC, num_edges, torch.int64, "cuda", g)
+    dst_idx = rand_index(NUM_DST, num_edges, torch.int32, "cuda", g)
+    bad_src = torch.tensor([0, 17, 999, 4999], device="cuda")
+    bad_dst = torch.tensor([17, 18, 2500], device="cuda")
+    src_idx[bad_src] = torch.tensor([NUM_SRC, -1, NUM_SRC + 5, -32], device="cuda")
+    dst_idx[bad_dst] = torch.tensor([NUM_DST, -1, 2**31 - 1], device="cuda", dtype=torch.int32)
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=False)
+    torch.cuda.synchronize()
+    bad = torch.zeros(num_edges, dtype=torch.bool, device="cuda")
+    bad[bad_src] = True
+    bad[bad_dst] = True
+    assert torch.isnan(out[bad]).all(), "out-of-range edges must be NaN"
+    good = ~bad
+    ref_args = (src, dst, src_idx[good], dst_idx[good])
+    assert_accurate(out[good], reference(*ref_args), reference64(*ref_args), torch.float32)
+    check_forward(src, dst, src_idx.clamp(0, NUM_SRC - 1), dst_idx.clamp(0, NUM_DST - 1))
+
+
+@requires_cuda
+def test_cuda_unchecked_oob_backward_does_not_crash():
+    g = gen(2)
+    src = rand_feat((NUM_SRC, DIM), torch.float32, "cuda", g, requires_grad=True)
+    dst = rand_feat((NUM_DST, DIM), torch.float32, "cuda", g, requires_grad=True)
+    src_idx = rand_index(NUM_SRC, 300, torch.int64, "cuda", g)
+    dst_idx = rand_index(NUM_DST, 300, torch.int64, "cuda", g)
+    src_idx[3] = NUM_SRC + 1000
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=False)
+    out.nan_to_num(0.0).sum().backward()
+    torch.cuda.synchronize()
+    check_forward(src.detach(), dst.detach(), src_idx.clamp(max=NUM_SRC - 1), dst_idx)
+
+
+@requires_2_gpus
+def test_cuda_second_device():
+    """Tensors on cuda:1 are computed on cuda:1, whatever the current device."""
+    with torch.cuda.device(0):
+        a = _good("cuda:1", heads=True)
+        src = a["src_feat"].clone().requires_grad_(True)
+        out = edgedot.edge_dot(src, a["dst_feat"], a["src_idx"], a["dst_idx"])
+        assert out.device == torch.device("cuda:1")
+        assert_accurate(out, reference(src, a["dst_feat"], a["src_idx"], a["dst_idx"]),
+                        reference64(src, a["dst_feat"], a["src_idx"], a["dst_idx"]), torch.float32)
+        out.sum().backward()
+        assert src.grad.device == torch.device("cuda:1")
+        plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST)
+        check_forward(**a, plan=plan)
+        with pytest.raises(IndexError, match="src_idx"):
+            _call(_with(a, src_idx=_bad_index(a["src_idx"], 0, NUM_SRC)))
+    torch.cuda.synchronize(1)
+    check_forward(**a)
+
+
+@requires_2_gpus
+def test_cuda_devices_mixed():
+    a = _good("cuda:0")
+    for name in ("dst_feat", "src_idx", "dst_idx"):
+        with pytest.raises(ValueError, match=name):
+            _call(_with(a, **{name: a[name].to("cuda:1")}))
+    plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST).to("cuda:1")
+    with pytest.raises(ValueError, match="plan"):
+        _call(a, plan=plan)

@@ -1,0 +1,185 @@
+"""Shared test matrix and helpers for the edgedot test suite.
+
+Accuracy rule (as in flash-attention's tests): edgedot's error against a float64 oracle must be
+at most twice the error that PyTorch's own reference (``edgedot.edge_dot_reference``) makes when
+it computes in the same low precision, plus a tiny per-dtype floor so that a yardstick error of
+(almost) zero does not demand bit-exactness.
+"""
+
+import pytest
+import torch
+
+import edgedot
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+FEAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INDEX_DTYPES = [torch.int32, torch.int64]
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+requires_2_gpus = pytest.mark.skipif(
+    not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+# Floors of the tolerance rule (relative error), about one ulp of the output dtype or less.
+FLOORS = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-6,
+    torch.float16: 1e-3,
+    torch.bfloat16: 8e-3,
+}
+
+PIECE_LEN = 256  # mirrors edgedot/plan.py; asserted equal in test_plan.py
+
+
+def dtype_id(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def gen(seed=0):
+    """A seeded CPU generator: every test draws fresh, reproducible inputs."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _device_generator(g, device):
+    """A generator on ``device`` seeded from ``g`` (draws big CUDA inputs on the GPU)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=g))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def rand_feat(shape, dtype=torch.float32, device="cpu", g=None, requires_grad=False):
+    """Standard-normal features (never zeros), drawn with a seeded generator, cast, on ``device``."""
+    g = g if g is not None else gen()
+    device = torch.device(device)
+    base = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(*shape, generator=_device_generator(g, device), dtype=base, device=device)
+    # A randn value is zero with probability 0, but a half cast could flush a tiny one to 0.
+    x = torch.where(x.abs() < 1e-3, torch.full_like(x, 1e-3), x)
+    return x.to(dtype).requires_grad_(requires_grad)
+
+
+def rand_index(num_rows, num_edges, dtype=torch.int64, device="cpu", g=None):
+    g = g if g is not None else gen()
+    device = torch.device(device)
+    return torch.randint(0, num_rows, (num_edges,), generator=_device_generator(g, device),
+                         device=device).to(dtype)
+
+
+def skewed_index(num_rows, num_edges, dtype=torch.int64, device="cpu", g=None, alpha=1.3, hot=None):
+    """Power-law indices: a few rows get most edges (rank r drawn with weight 1/(r+1)^alpha).
+
+    ``hot``: optional dict {row: count} of rows forced to exactly-at-least that many edges.
+    Rows are shuffled so the hot rows are not simply the first ones.
+    """
+    g = g if g is not None else gen()
+    weights = 1.0 / torch.arange(1, num_rows + 1, dtype=torch.float64) ** alpha
+    ranks = torch.multinomial(weights, num_edges, replacement=True, generator=g)
+    perm = torch.randperm(num_rows, generator=g)
+    idx = perm[ranks]
+    if hot:
+        pos = 0
+        shuffle = torch.randperm(num_edges, generator=g)
+        for row, count in hot.items():
+            idx[shuffle[pos:pos + count]] = row
+            pos += count
+        assert pos <= num_edges
+    return idx.to(dtype=dtype, device=device)
+
+
+def as_broadcastable(src_feat, dst_feat):
+    """Makes a 2-D side [N, 1, D] when the other side has heads ([N, H, D])."""
+    if src_feat.dim() == 2 and dst_feat.dim() == 3:
+        src_feat = src_feat.unsqueeze(1)
+    if dst_feat.dim() == 2 and src_feat.dim() == 3:
+        dst_feat = dst_feat.unsqueeze(1)
+    return src_feat, dst_feat
+
+
+def reference(src_feat, dst_feat, src_idx, dst_idx):
+    """PyTorch's reference in the inputs' own dtype (the yardstick of the tolerance rule)."""
+    s, d = as_broadcastable(src_feat, dst_feat)
+    return edgedot.edge_dot_reference(s, d, src_idx, dst_idx)
+
+
+def reference64(src_feat, dst_feat, src_idx, dst_idx):
+    """The float64 oracle: the reference on inputs upcast to float64."""
+    return reference(src_feat.detach().double(), dst_feat.detach().double(), src_idx, dst_idx)
+
+
+def rel_error(out, ref):
+    """||out - ref|| / ||ref||, in float64; 0 for empty tensors, absolute error when ref is 0."""
+    out = out.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    if ref.numel() == 0:
+        return 0.0
+    num = torch.linalg.vector_norm(out - ref).item()
+    den = torch.linalg.vector_norm(ref).item()
+    return num / den if den > 0 else num
+
+
+def tolerance(dtype, ref_lowp, ref64):
+    """max(2 * error of PyTorch's reference in ``dtype``, floor)."""
+    return max(2.0 * rel_error(ref_lowp, ref64), FLOORS[dtype])
+
+
+def assert_accurate(out, ref_lowp, ref64, dtype, what="output"):
+    """The tolerance rule, plus: no NaN/inf, same shape/dtype/device as PyTorch's result."""
+    assert out.shape == ref_lowp.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref_lowp.shape)}"
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype} != {dtype}"
+    assert out.device == ref_lowp.device, f"{what}: device {out.device} != {ref_lowp.device}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values"
+    err = rel_error(out, ref64)
+    tol = tolerance(dtype, ref_lowp, ref64)
+    assert err <= tol, f"{what}: relative error {err:.3e} > tolerance {tol:.3e} ({dtype_id(dtype)})"
+
+
+def check_forward(src_feat, dst_feat, src_idx, dst_idx, **kwargs):
+    """Runs edge_dot and checks it against the reference with the tolerance rule."""
+    out = edgedot.edge_dot(src_feat, dst_feat, src_idx, dst_idx, **kwargs)
+    assert_accurate(out, reference(src_feat, dst_feat, src_idx, dst_idx),
+                    reference64(src_feat, dst_feat, src_idx, dst_idx), src_feat.dtype)
+    return out
+
+
+def reference_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, dtype=None):
+    """Autograd gradients of the reference w.r.t. both features, computed in ``dtype``."""
+    dtype = dtype or src_feat.dtype
+    s = src_feat.detach().to(dtype).requires_grad_(True)
+    d = dst_feat.detach().to(dtype).requires_grad_(True)
+    out = reference(s, d, src_idx, dst_idx)
+    gs, gd = torch.autograd.grad(out, (s, d), grad_out.to(dtype), allow_unused=True)
+    gs = torch.zeros_like(s) if gs is None else gs
+    gd = torch.zeros_like(d) if gd is None else gd
+    return gs, gd
+
+
+def edgedot_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, **kwargs):
+    s = src_feat.detach().clone().requires_grad_(True)
+    d = dst_feat.detach().clone().requires_grad_(True)
+    out = edgedot.edge_dot(s, d, src_idx, dst_idx, **kwargs)
+    gs, gd = torch.autograd.grad(out, (s, d), grad_out)
+    return gs, gd
+
+
+def check_backward(src_feat, dst_feat, src_idx, dst_idx, grad_out, **kwargs):
+    """edgedot's gradients vs float64 autograd of the reference, with the tolerance rule."""
+    dtype = src_feat.dtype
+    gs, gd = edgedot_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, **kwargs)
+    ls, ld = reference_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out)
+    rs, rd = reference_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, torch.float64)
+    assert gs.shape == src_feat.shape and gd.shape == dst_feat.shape
+    assert_accurate(gs, ls, rs, dtype, what="grad src_feat")
+    assert_accurate(gd, ld, rd, dtype, what="grad dst_feat")
+    return gs, gd
+
+
+def fill_cuda_cache_with_nan(device="cuda"):
+    """Poisons the caching allocator: the next allocations reuse NaN-filled memory, so any output
+    element a kernel forgets to write shows up as NaN instead of a lucky zero.
+
+    Covers the small pool (blocks <= 1 MiB) and the large pool."""
+    torch.cuda.synchronize(device)
+    sizes = [512] * 64 + [1 << 14] * 16 + [1 << 20] * 8 + [8 << 20, 64 << 20, 256 << 20]
+    poison = [torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in sizes]
+    torch.cuda.synchronize(device)
+    del poison  # the blocks go back to the cache, still full of NaN
