@@ -163,3 +163,24 @@ def test_cli_compares_models():
     assert "ModelNew vs Model" in proc.stdout
     error = float(proc.stdout.strip().split()[-1])
     assert error < 1e-3
+
+
+def test_cuda_source_inlines_csrc():
+    source = kb.cuda_source()
+    assert '#include "' not in source
+    assert "#pragma once" not in source
+    for name in kb.EXPORT_SOURCES:
+        assert f"// ---- edgedot/csrc/{name} ----" in source
+    assert "void launch_forward(" in source and "torch::Tensor edge_dot_forward(" in source
+
+
+def test_export_embeds_current_sources(exported):
+    namespace = {}
+    exec(compile(exported.read_text(), str(exported), "exec"), namespace)
+    assert namespace["CUDA_SOURCE"] == kb.cuda_source()
+    assert "edge_dot_forward" in namespace["CPP_SOURCE"]
+
+
+@pytest.mark.parametrize("text", ['', 'a"', '""', '"""', 'x""""y', '\\', 'a\\"""\\', '\\n"\n'])
+def test_python_string_round_trips(text):
+    assert eval(kb._python_string(text)) == text
