@@ -5,11 +5,13 @@
 
 namespace edgedot {
 
-// A group of `group` lanes owns a contiguous run of (edge, head) items: each lane multiplies up
-// to kVectorsPerLane vectors of the two rows per pass, then the group sums across its lanes.
-// Walking consecutive items lets a group keep the source row in registers while it repeats
-// (edges sorted by source), and fetch the next item's indices while the current rows load.
-// Every group of a warp runs the same number of steps, so all lanes reach the shuffles.
+// A group of `group` lanes owns one (edge, head) item at a time: each lane multiplies up to
+// kVectorsPerLane vectors of the two rows per pass, then the group sums across its lanes.
+// A warp walks a contiguous run of items, its groups side by side, so index loads and output
+// stores stay coalesced; a repeated source row (edges sorted by source) is shared by the groups
+// of one load and, when a group meets it again, kept in registers. The next item's indices are
+// fetched while the current rows load. Every group of a warp runs the same number of steps, so
+// all lanes reach the shuffles.
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
 __global__ void __launch_bounds__(kBlockThreads)
 forward_kernel(ForwardArgs a, int group) {
@@ -22,10 +24,13 @@ forward_kernel(ForwardArgs a, int group) {
 
   const int64_t vectors = a.dim / VEC;
   const int64_t items = a.num_edges * a.heads;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
-  const int64_t steps = (items + groups - 1) / groups;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group * steps;
-  const int64_t last = min(items, first + steps);
+  const int groups_per_warp = 32 / group;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t steps = (items + warps * groups_per_warp - 1) / (warps * groups_per_warp);
+  const int64_t warp_first = warp * steps * groups_per_warp;
+  const int64_t first = warp_first + (threadIdx.x & 31) / group;
+  const int64_t last = min(items, warp_first + steps * groups_per_warp);
   const int lane = threadIdx.x & (group - 1);
   // One pass holds the whole row when it fits: then a repeated source row is not reloaded.
   const bool row_in_registers = vectors <= static_cast<int64_t>(group) * kVectorsPerLane;
@@ -38,13 +43,13 @@ forward_kernel(ForwardArgs a, int group) {
   }
   const T* held_row = nullptr;
   Vec<T, VEC> sv[kVectorsPerLane];
-  for (int64_t item = first; item < first + steps; ++item) {
+  for (int64_t step = 0, item = first; step < steps; ++step, item += groups_per_warp) {
     const bool active = item < last;
     const SrcIdx s = next_s;
     const DstIdx d = next_d;
-    if (item + 1 < last) {
-      next_s = src_idx[(item + 1) / a.heads];
-      next_d = dst_idx[(item + 1) / a.heads];
+    if (item + groups_per_warp < last) {
+      next_s = src_idx[(item + groups_per_warp) / a.heads];
+      next_d = dst_idx[(item + groups_per_warp) / a.heads];
     }
     const bool bad_src = active && !in_range(s, a.src.num_rows);
     const bool bad_dst = active && !in_range(d, a.dst.num_rows);
