@@ -1,0 +1,25 @@
+"""Small forward and backward calls through every kernel variant, for compute-sanitizer."""
+import torch
+
+import edgedot
+
+dev = "cuda"
+for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+    for D in [3, 128]:
+        for it in [torch.int32, torch.int64]:
+            s = torch.randn(50, 2, D, device=dev, dtype=dt, requires_grad=True)
+            d = torch.randn(40, 1, D, device=dev, dtype=dt, requires_grad=True)
+            si = torch.randint(0, 50, (700,), device=dev, dtype=it)
+            di = torch.randint(0, 40, (700,), device=dev, dtype=it)
+            si[:300] = 7  # a hot row longer than a piece, so it is split
+            plan = edgedot.EdgePlan(si, di, 50, 40)
+            for kw in ({}, {"plan": plan}, {"deterministic": True}):
+                out = edgedot.edge_dot(s, d, si, di, **kw)
+                out.backward(torch.randn_like(out))
+            try:
+                edgedot.edge_dot(s, d, torch.tensor([0, 50], device=dev), torch.tensor([0, 1], device=dev))
+            except IndexError:
+                pass
+            edgedot.edge_dot(s, d, torch.tensor([0, 50], device=dev), torch.tensor([0, 1], device=dev), check_indices=False)
+torch.cuda.synchronize()
+print("sanitize workload done")
