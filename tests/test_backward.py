@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PIECE_LEN, assert_accurate, check_backward,
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PIECE_LEN, piece_len, assert_accurate, check_backward,
                    dtype_id, edgedot_grads, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
                    reference, reference_grads, rel_error, requires_cuda, skewed_index)
 
@@ -71,6 +71,24 @@ def test_cuda_grad_large_skewed(dim, dtype, use_plan, deterministic):
     plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst) if use_plan else None
     fill_cuda_cache_with_nan()
     check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan, deterministic=deterministic)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_cuda_grad_longest_pieces(dtype):
+    """A graph big enough for pieces of the full PIECE_LEN, with rows split many times."""
+    g = gen(13)
+    num_src, num_dst, num_edges, dim = 100_000, 70_000, 1 << 24, 16
+    assert piece_len(num_edges) == PIECE_LEN
+    src = rand_feat((num_src, dim), dtype, "cuda", g)
+    dst = rand_feat((num_dst, dim), dtype, "cuda", g)
+    src_idx = skewed_index(num_src, num_edges, torch.int32, "cuda", g, hot={3: 1 << 20, 4: PIECE_LEN + 1})
+    dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
+    grad_out = rand_feat((num_edges,), dtype, "cuda", g)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
+    gs1, gd1 = check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+    gs2, gd2 = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+    assert torch.equal(gs1, gs2) and torch.equal(gd1, gd2)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -6,7 +6,7 @@ import torch
 
 import edgedot
 from utils import (DEVICES, assert_accurate, check_forward, gen, rand_feat, rand_index, reference,
-                   reference64, requires_cuda, requires_2_gpus)
+                   reference64, reference_grads, rel_error, requires_cuda, requires_2_gpus)
 
 NUM_SRC, NUM_DST, NUM_EDGES, DIM = 9, 13, 40, 8  # NUM_SRC < NUM_DST: catches checking against the wrong N
 
@@ -248,6 +248,32 @@ def test_cuda_unchecked_oob_backward_does_not_crash():
     out.nan_to_num(0.0).sum().backward()
     torch.cuda.synchronize()
     check_forward(src.detach(), dst.detach(), src_idx.clamp(max=NUM_SRC - 1), dst_idx)
+
+
+@requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_cuda_unchecked_oob_edges_add_no_gradient(deterministic):
+    """check_indices=False: an out-of-range edge contributes nothing to either gradient, in every
+    backward flavour (int64 indices beyond 2**32 must not wrap onto a valid row)."""
+    g = gen(3)
+    src = rand_feat((NUM_SRC, DIM), torch.float32, "cuda", g, requires_grad=True)
+    dst = rand_feat((NUM_DST, DIM), torch.float32, "cuda", g, requires_grad=True)
+    num_edges = 600
+    src_idx = rand_index(NUM_SRC, num_edges, torch.int64, "cuda", g)
+    dst_idx = rand_index(NUM_DST, num_edges, torch.int64, "cuda", g)
+    bad = torch.tensor([1, 50, 51, 300, 599], device="cuda")
+    src_idx[bad[:3]] = torch.tensor([NUM_SRC, 2**32 + 3, -2**32 + 2], device="cuda")
+    dst_idx[bad[3:]] = torch.tensor([2**32 + 1, -1], device="cuda")
+    grad_out = rand_feat((num_edges,), torch.float32, "cuda", g)
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=False, deterministic=deterministic)
+    out.backward(grad_out)
+    torch.cuda.synchronize()
+    good = torch.ones(num_edges, dtype=torch.bool, device="cuda")
+    good[bad] = False
+    assert torch.isnan(out[~good]).all()
+    ref = reference_grads(src, dst, src_idx[good], dst_idx[good], grad_out[good], torch.float64)
+    assert rel_error(src.grad, ref[0]) < 1e-5, "grad src_feat"
+    assert rel_error(dst.grad, ref[1]) < 1e-5, "grad dst_feat"
 
 
 @requires_2_gpus

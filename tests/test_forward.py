@@ -1,14 +1,13 @@
 """Forward pass of edgedot.edge_dot against the float64 reference (tolerance rule in utils)."""
 
-import itertools
 
 import pytest
 import torch
 
 import edgedot
-from utils import (DEVICES, FEAT_DTYPES, HAS_CUDA, INDEX_DTYPES, check_forward, dtype_id,
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, check_forward, dtype_id,
                    fill_cuda_cache_with_nan, gen, rand_feat, rand_index, reference, reference64,
-                   rel_error, requires_cuda, skewed_index, assert_accurate)
+                   requires_cuda, skewed_index)
 
 DIMS = [1, 3, 33, 128, 129, 1000]
 EDGES = [0, 1, 37, 4096]

@@ -6,8 +6,7 @@ import torch
 import edgedot
 import edgedot.nn
 from utils import (DEVICES, PIECE_LEN, assert_accurate, check_backward, dtype_id, gen, rand_feat,
-                   rand_index, reference, reference64, reference_grads, rel_error, requires_cuda,
-                   skewed_index)
+                   rand_index, reference, reference64, reference_grads, rel_error, skewed_index)
 
 OP = torch.ops.edgedot.edge_dot.default
 GRAD_OP = torch.ops.edgedot.edge_dot_grad.default
@@ -57,7 +56,12 @@ def test_opcheck_edge_dot(device, case):
         plans = (plan.src, plan.dst)
     else:
         plans = (None, None)
-    torch.library.opcheck(OP, (src, dst, src_idx, dst_idx, *plans, deterministic, True))
+    tolerances = {}
+    if device == "cuda" and not (use_plan or deterministic):
+        # Atomic CUDA gradients are reduced in a run-dependent order: eager and AOT runs differ
+        # by rounding. Allow that (for float32: a few ulps of the summed hot row).
+        tolerances = {"rtol": 2e-5, "atol": 2e-4} if dtype == torch.float32 else {"rtol": 1e-9, "atol": 1e-9}
+    torch.library.opcheck(OP, (src, dst, src_idx, dst_idx, *plans, deterministic, True), **tolerances)
 
 
 @pytest.mark.parametrize("dtype, shape, use_plan", [
@@ -110,8 +114,10 @@ def test_compile_fullgraph_forward_backward(device, use_plan, shape):
     grads_e = torch.autograd.grad(loss_e, (src, dst))
     torch.testing.assert_close(out_c, out_e)
     torch.testing.assert_close(loss_c, loss_e)
+    # CUDA atomics without a plan sum in a run-dependent order: allow a few ulps of a hot row.
+    grad_tol = {"rtol": 2e-5, "atol": 5e-4} if device == "cuda" and plan is None else {}
     for gc, ge in zip(grads_c, grads_e):
-        torch.testing.assert_close(gc, ge)
+        torch.testing.assert_close(gc, ge, **grad_tol)
     # And eager itself is right.
     assert_accurate(out_e, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
                     torch.float32)
@@ -140,7 +146,8 @@ def test_compile_training_step(device):
     ze = z.clone().requires_grad_(True)
     torch.compile(step, fullgraph=True)(zc).backward()
     step(ze).backward()
-    torch.testing.assert_close(zc.grad, ze.grad)
+    grad_tol = {"rtol": 2e-5, "atol": 1e-5} if device == "cuda" else {}  # CUDA atomics: rounding order
+    torch.testing.assert_close(zc.grad, ze.grad, **grad_tol)
 
 
 # ---------------------------------------------------------------------------------- nn modules
