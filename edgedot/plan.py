@@ -50,9 +50,13 @@ def build_side(row_idx, other_idx, num_rows):
     device = row_idx.device
     num_edges = row_idx.shape[0]
     length = piece_len(num_edges)
-    # 32-bit keys sort in half the radix passes of 64-bit ones.
+    # 32-bit keys sort in half the radix passes of 64-bit ones. Out-of-range indices (possible
+    # with check_indices=False) become num_rows first, so no cast can wrap them onto a real row:
+    # they sort past the last row and belong to no piece.
     key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
-    sorted_rows, order = torch.sort(row_idx.to(key_dtype), stable=True)
+    in_range = (row_idx >= 0) & (row_idx < num_rows)
+    keys = torch.where(in_range, row_idx, torch.full_like(row_idx, num_rows)).to(key_dtype)
+    sorted_rows, order = torch.sort(keys, stable=True)
     other_sorted = other_idx[order].long()
     row_ptr = torch.searchsorted(sorted_rows, torch.arange(num_rows + 1, device=device, dtype=key_dtype))
     degree = row_ptr[1:] - row_ptr[:-1]
@@ -135,9 +139,9 @@ class EdgePlan:
         """A copy of the plan on ``device``."""
         plan = object.__new__(EdgePlan)
         plan.__dict__.update(self.__dict__)
-        plan.device = torch.device(device)
         plan.src = self.src.to(device)
         plan.dst = self.dst.to(device)
+        plan.device = plan.src.device  # "cuda" resolved to the current device's index
         return plan
 
     def __repr__(self):

@@ -7,11 +7,8 @@ namespace edgedot {
 
 // A group of `group` lanes owns one (edge, head) item at a time: each lane multiplies up to
 // kVectorsPerLane vectors of the two rows per pass, then the group sums across its lanes.
-// A warp walks a contiguous run of items, its groups side by side, so index loads and output
-// stores stay coalesced; a repeated source row (edges sorted by source) is shared by the groups
-// of one load and, when a group meets it again, kept in registers. The next item's indices are
-// fetched while the current rows load. Every group of a warp runs the same number of steps, so
-// all lanes reach the shuffles.
+// Items stride over the grid; the loop bound is kept uniform across the warp so that every lane
+// reaches the shuffles.
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
 __global__ void __launch_bounds__(kBlockThreads)
 forward_kernel(ForwardArgs a, int group) {
@@ -24,63 +21,46 @@ forward_kernel(ForwardArgs a, int group) {
 
   const int64_t vectors = a.dim / VEC;
   const int64_t items = a.num_edges * a.heads;
-  const int groups_per_warp = 32 / group;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t steps = (items + warps * groups_per_warp - 1) / (warps * groups_per_warp);
-  const int64_t warp_first = warp * steps * groups_per_warp;
-  const int64_t first = warp_first + (threadIdx.x & 31) / group;
-  const int64_t last = min(items, warp_first + steps * groups_per_warp);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int lane = threadIdx.x & (group - 1);
-  // One pass holds the whole row when it fits: then a repeated source row is not reloaded.
-  const bool row_in_registers = vectors <= static_cast<int64_t>(group) * kVectorsPerLane;
+  const int group_in_warp = (threadIdx.x & 31) / group;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
 
-  SrcIdx next_s = 0;
-  DstIdx next_d = 0;
-  if (first < last) {
-    next_s = src_idx[first / a.heads];
-    next_d = dst_idx[first / a.heads];
-  }
-  const T* held_row = nullptr;
-  Vec<T, VEC> sv[kVectorsPerLane];
-  for (int64_t step = 0, item = first; step < steps; ++step, item += groups_per_warp) {
-    const bool active = item < last;
-    const SrcIdx s = next_s;
-    const DstIdx d = next_d;
-    if (item + groups_per_warp < last) {
-      next_s = src_idx[(item + groups_per_warp) / a.heads];
-      next_d = dst_idx[(item + groups_per_warp) / a.heads];
-    }
-    const bool bad_src = active && !in_range(s, a.src.num_rows);
-    const bool bad_dst = active && !in_range(d, a.dst.num_rows);
+  for (int64_t item = thread / group; item - group_in_warp < items; item += stride) {
     A acc = 0;
-    if (active && !bad_src && !bad_dst) {
-      const int64_t h = item % a.heads;
-      const T* srow = src + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
-      const T* drow = dst + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
-      for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
-        Vec<T, VEC> dv[kVectorsPerLane];
-        const bool load_src = !row_in_registers || srow != held_row;
+    bool bad_src = false, bad_dst = false;
+    if (item < items) {
+      const int64_t e = item / a.heads;
+      const int64_t h = item - e * a.heads;
+      const SrcIdx s = src_idx[e];
+      const DstIdx d = dst_idx[e];
+      bad_src = !in_range(s, a.src.num_rows);
+      bad_dst = !in_range(d, a.dst.num_rows);
+      if (!bad_src && !bad_dst) {
+        const T* srow = src + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
+        const T* drow = dst + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
+        for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+          Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
 #pragma unroll
-        for (int u = 0; u < kVectorsPerLane; ++u) {
-          const int64_t v = base + static_cast<int64_t>(u) * group;
-          if (v < vectors) {
-            if (load_src) sv[u] = load_vec<T, VEC>(srow + v * VEC);
-            dv[u] = load_vec<T, VEC>(drow + v * VEC);
+          for (int u = 0; u < kVectorsPerLane; ++u) {
+            const int64_t v = base + static_cast<int64_t>(u) * group;
+            if (v < vectors) {
+              sv[u] = load_vec<T, VEC>(srow + v * VEC);
+              dv[u] = load_vec<T, VEC>(drow + v * VEC);
+            }
           }
-        }
 #pragma unroll
-        for (int u = 0; u < kVectorsPerLane; ++u) {
-          if (base + static_cast<int64_t>(u) * group < vectors) {
+          for (int u = 0; u < kVectorsPerLane; ++u) {
+            if (base + static_cast<int64_t>(u) * group < vectors) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) acc += to_accum(sv[u].v[j]) * to_accum(dv[u].v[j]);
+              for (int j = 0; j < VEC; ++j) acc += to_accum(sv[u].v[j]) * to_accum(dv[u].v[j]);
+            }
           }
         }
       }
-      held_row = srow;
     }
     acc = group_sum(acc, group);
-    if (active && lane == 0) {
+    if (item < items && lane == 0) {
       if (bad_src || bad_dst) {
         out[item] = from_accum<T>(static_cast<A>(NAN));
         if (a.error_flag) a.error_flag[bad_src ? 0 : 1] = 1;
