@@ -2,6 +2,7 @@
 
 import torch
 
+from ._checks import check_inputs
 from .ops import EagerCUDAEdgeDot, edge_dot_op, forward_cuda
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -34,13 +35,18 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     """
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    eager_cuda = _eager_cuda(src_feat, dst_feat)
+    # The eager CUDA path checks its inputs itself; elsewhere check before the dispatcher,
+    # whose own errors would not name the argument.
+    if not eager_cuda or plan is not None:
+        check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     if plan is None:
         src_plan = dst_plan = None
     else:
         plan.check_matches(src_feat, dst_feat, src_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
-    if _eager_cuda(src_feat, dst_feat):
+    if eager_cuda:
         if torch.is_grad_enabled() and (src_feat.requires_grad or dst_feat.requires_grad):
             return EagerCUDAEdgeDot.apply(*args)
         return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
