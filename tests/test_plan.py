@@ -145,10 +145,12 @@ def check_layout(fields, row_idx, other_idx, num_rows):
     assert torch.equal(sl[~single], fields["row_slot_begin"][pr[~single]] + k[~single])
 
 
-def test_piece_len_matches_library():
-    assert edgedot.plan.PIECE_LEN == PIECE_LEN
-    for num_edges in (0, 1, 100, 1 << 16, 1 << 20, 1 << 24, 1 << 30):
-        assert 1 <= piece_len(num_edges) <= PIECE_LEN
+def test_piece_len_bounds():
+    sizes = (0, 1, 100, 1 << 16, 1 << 20, 1 << 24, 1 << 30)
+    lengths = [piece_len(num_edges) for num_edges in sizes]
+    assert all(8 <= n <= PIECE_LEN for n in lengths)
+    assert lengths == sorted(lengths), "bigger graphs never get shorter pieces"
+    assert piece_len(1 << 30) == PIECE_LEN
 
 
 def _graphs():

@@ -28,14 +28,7 @@ FLOORS = {
     torch.bfloat16: 8e-3,
 }
 
-PIECE_LEN = 256  # mirrors edgedot/plan.py (the longest piece); asserted equal in test_plan.py
-
-
-def piece_len(num_edges):
-    """Piece length of a plan for ``num_edges`` edges (edgedot.plan.piece_len when it exists)."""
-    import edgedot.plan
-    fn = getattr(edgedot.plan, "piece_len", None)
-    return fn(num_edges) if fn is not None else PIECE_LEN
+from edgedot.plan import PIECE_LEN, piece_len  # noqa: E402,F401  (re-exported for the tests)
 
 
 def dtype_id(dtype):
