@@ -47,9 +47,9 @@ def _median_us(fn, device, reps):
 
 
 def _peak_extra_mb(fn, device):
-    """Peak memory allocated during ``fn`` beyond what was allocated before (CUDA only)."""
+    """Peak memory allocated during ``fn`` beyond what was allocated before (CUDA only: None)."""
     if device.type != "cuda":
-        return float("nan")
+        return None
     _sync(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -99,9 +99,12 @@ def main(argv=None):
                      _median_us(fb, device, args.reps), _peak_extra_mb(fb, device)))
 
     print()
+    def mb(value):
+        return "n/a" if value is None else f"{value:.2f}"
+
     print(f"{'path':<10} {'fwd µs':>10} {'fwd MB':>8} {'fwd+bwd µs':>11} {'fwd+bwd MB':>11}")
     for name, t_f, m_f, t_fb, m_fb in rows:
-        print(f"{name:<10} {t_f:>10.1f} {m_f:>8.2f} {t_fb:>11.1f} {m_fb:>11.2f}")
+        print(f"{name:<10} {t_f:>10.1f} {mb(m_f):>8} {t_fb:>11.1f} {mb(m_fb):>11}")
     ref, ours = rows
     print(f"\nedgedot speed-up: forward {ref[1] / ours[1]:.1f}x, forward+backward {ref[3] / ours[3]:.1f}x")
 
