@@ -1,5 +1,7 @@
 """Argument checks shared by every implementation; each error names the offending argument."""
 
+import weakref
+
 import torch
 
 FEATURE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -72,3 +74,41 @@ def check_index_range(name, idx, num_rows):
     if lo < 0 or hi >= num_rows:
         bad = lo if lo < 0 else hi
         raise IndexError(f"{name} holds {bad}, outside [0, {num_rows})")
+
+
+class InRangeIndices:
+    """Index tensors already found inside ``[0, num_rows)``, remembered until they change.
+
+    A graph's index tensors are usually passed again and again; checking them costs a pass over
+    E integers and, on CUDA, a wait for the GPU. An entry holds while the tensor object lives,
+    keeps its storage and is not modified in place (its version counter is unchanged). Writes
+    that bypass PyTorch (raw pointers, DLPack producers) are not seen: the kernels still never
+    read out of range, and such an edge yields NaN.
+    """
+
+    def __init__(self):
+        self._entries = {}
+
+    def covers(self, idx, num_rows):
+        """Whether ``idx`` was found in range for at most ``num_rows`` rows and is unchanged."""
+        entry = self._entries.get(id(idx))
+        return (entry is not None and entry[0]() is idx and entry[1] == _version_of(idx)
+                and entry[2] == idx.data_ptr() and entry[3] <= num_rows)
+
+    def add(self, idx, num_rows):
+        """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
+        version = _version_of(idx)
+        if version is None:
+            return
+        key = id(idx)
+        entries = self._entries
+        ref = weakref.ref(idx, lambda _, key=key: entries.pop(key, None))
+        entries[key] = (ref, version, idx.data_ptr(), num_rows)
+
+
+def _version_of(idx):
+    # Inference tensors keep no version counter: they are checked on every call.
+    return None if idx.is_inference() else idx._version
+
+
+in_range_indices = InRangeIndices()

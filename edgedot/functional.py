@@ -25,9 +25,11 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
             ``torch.are_deterministic_algorithms_enabled()``. Without a plan this sorts the
             edges in every backward pass.
         check_indices: raise ``IndexError`` naming the index tensor if an index is out of range.
-            On CUDA the check waits for the kernel to finish; with
-            ``False`` the call is fully asynchronous and out-of-range edges yield NaN instead.
-            Inside CUDA-graph capture the wait is skipped. Out-of-range indices are never read.
+            On CUDA the check waits for the kernel to finish; an index tensor found in range is
+            remembered until it is modified in place, so repeated calls on one graph skip the
+            wait. With ``False`` the call is always asynchronous and out-of-range edges yield
+            NaN. Inside CUDA-graph capture the wait is skipped. Out-of-range indices are never
+            read.
 
     Returns:
         ``[E]`` if both feature tensors are 2-D, else ``[E, H]``, in the features' dtype.

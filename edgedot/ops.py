@@ -11,7 +11,7 @@ import torch
 
 from . import _cpu
 from ._build import cuda_module
-from ._checks import check_index_range, check_inputs, output_shape
+from ._checks import check_index_range, check_inputs, in_range_indices, output_shape
 from .plan import build_side, check_plan_layout
 
 __all__ = ["edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "forward_cuda", "grad_cuda"]
@@ -31,9 +31,11 @@ edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 @torch.library.impl(_lib, "edge_dot", "CPU")
 def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
-    # Out-of-range indices are always refused on the CPU: checking costs one pass over E ints.
-    check_index_range("src_idx", src_idx, src_feat.shape[0])
-    check_index_range("dst_idx", dst_idx, dst_feat.shape[0])
+    # Out-of-range indices are always refused on the CPU (check_indices only spares CUDA a wait).
+    for name, idx, rows in (("src_idx", src_idx, src_feat.shape[0]), ("dst_idx", dst_idx, dst_feat.shape[0])):
+        if not in_range_indices.covers(idx, rows):
+            check_index_range(name, idx, rows)
+            in_range_indices.add(idx, rows)
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
     return _cpu.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
 
@@ -42,10 +44,17 @@ def forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices):
     """The CUDA forward behind both the custom op and the eager fast path."""
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
-    out, bad_index = cuda_module().forward(src_feat, dst_feat, src_idx, dst_idx, shape, check_indices)
+    num_src, num_dst = src_feat.shape[0], dst_feat.shape[0]
+    check = check_indices and not (in_range_indices.covers(src_idx, num_src)
+                                   and in_range_indices.covers(dst_idx, num_dst))
+    out, bad_index = cuda_module().forward(src_feat, dst_feat, src_idx, dst_idx, shape, check)
     if bad_index:
-        name, rows = ("src_idx", src_feat.shape[0]) if bad_index == 1 else ("dst_idx", dst_feat.shape[0])
+        name, rows = ("src_idx", num_src) if bad_index == 1 else ("dst_idx", num_dst)
         raise IndexError(f"{name} holds an index outside [0, {rows})")
+    # Under graph capture the extension could not wait for the verdict: nothing was checked.
+    if check and not torch.cuda.is_current_stream_capturing():
+        in_range_indices.add(src_idx, num_src)
+        in_range_indices.add(dst_idx, num_dst)
     return out
 
 

@@ -304,3 +304,59 @@ def test_cuda_devices_mixed():
     plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST).to("cuda:1")
     with pytest.raises(ValueError, match="plan"):
         _call(a, plan=plan)
+
+
+# Index tensors found in range are remembered (edgedot._checks.InRangeIndices) until they change.
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_index_modified_in_place_after_a_checked_call_is_checked_again(device):
+    a = _good(device)
+    _call(a)  # found in range and remembered
+    a["src_idx"][5] = NUM_SRC
+    with pytest.raises(IndexError, match="src_idx"):
+        _call(a)
+    a["src_idx"][5] = 0
+    check_forward(a["src_feat"], a["dst_feat"], a["src_idx"], a["dst_idx"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_remembered_index_is_checked_against_a_smaller_table(device):
+    a = _good(device)
+    a["dst_idx"][0] = NUM_DST - 1
+    _call(a)
+    smaller = a["dst_feat"][: NUM_DST - 1]
+    with pytest.raises(IndexError, match="dst_idx"):
+        _call(_with(a, dst_feat=smaller))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_index_view_shares_the_check_of_its_storage_writes(device):
+    a = _good(device)
+    edge_index = torch.stack([a["src_idx"], a["dst_idx"].long()])
+    src_view = edge_index[0]
+    _call(_with(a, src_idx=src_view))
+    edge_index[0, 3] = -1  # a write through the base bumps the view's version too
+    with pytest.raises(IndexError, match="src_idx"):
+        _call(_with(a, src_idx=src_view))
+
+
+def test_remembered_indices_do_not_outlive_their_tensors():
+    from edgedot._checks import InRangeIndices
+    cache = InRangeIndices()
+    idx = torch.arange(10)
+    cache.add(idx, 10)
+    assert cache.covers(idx, 10) and cache.covers(idx, 11) and not cache.covers(idx, 9)
+    assert not cache.covers(idx.clone(), 10)
+    del idx
+    assert not cache._entries
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_mode_indices_are_checked_every_call(device):
+    a = _good(device)
+    with torch.inference_mode():
+        src_idx = a["src_idx"].clone()
+        _call(_with(a, src_idx=src_idx))
+        src_idx[0] = NUM_SRC
+        with pytest.raises(IndexError, match="src_idx"):
+            _call(_with(a, src_idx=src_idx))
