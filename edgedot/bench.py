@@ -16,8 +16,10 @@ Paths
     timed loop raises), ``cusparse`` (``torch.sparse.sampled_addmm(mask, src_feat, dst_feat.T)``
     on a CSR mask of the unique (src, dst) pairs sorted by src, so it computes E_unique <= E dots;
     the mask is built beforehand and only the ``sampled_addmm`` call is timed; CUDA, float32 and
-    float64 only, no heads), ``edgedot`` (index check on, the default) and ``edgedot_nocheck``
-    (``check_indices=False``).
+    float64 only, no heads), ``edgedot`` (the default: index check on; an index tensor found in
+    range is remembered, so after the warm-up the rotated sets are not checked again),
+    ``edgedot_fresh`` (the default on new index tensor objects every call, so every call is
+    checked and waits for it) and ``edgedot_nocheck`` (``check_indices=False``).
     Forward+backward: ``eager``, ``compile``, ``edgedot`` (default mode, no plan),
     ``edgedot_det`` (``deterministic=True``, no plan: the edges are sorted in every backward) and
     ``edgedot_plan`` (an :class:`edgedot.EdgePlan` per input set, built once outside timing).
@@ -469,8 +471,15 @@ def forward_paths(case, sets, expected, compiled, device):
         "compile": path_of(compiled),
         "cusparse": lambda: cusparse_path(case, sets, device),
         "edgedot": path_of(edge_dot),
+        "edgedot_fresh": path_of(edge_dot_fresh_indices),
         "edgedot_nocheck": path_of(edge_dot, check_indices=False),
     }
+
+
+def edge_dot_fresh_indices(src_feat, dst_feat, src_idx, dst_idx):
+    """edge_dot on new view objects of the indices: none is remembered as checked, so every call
+    pays the index check (on CUDA, a wait for the kernel), as with new index tensors each step."""
+    return edge_dot(src_feat, dst_feat, src_idx.view(-1), dst_idx.view(-1))
 
 
 def csr_mask(case, inputs):
