@@ -40,11 +40,17 @@ def check_indices_pair(src_idx, dst_idx):
         raise ValueError(f"src_idx is on {src_idx.device} but dst_idx is on {dst_idx.device}")
 
 
+def check_tensors(src_feat, dst_feat, src_idx, dst_idx):
+    """Raises TypeError naming the first argument of :func:`edgedot.edge_dot` that is no tensor."""
+    for name, t in (("src_feat", src_feat), ("dst_feat", dst_feat), ("src_idx", src_idx), ("dst_idx", dst_idx)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+
+
 def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
     """Raises a clear error for any malformed argument of :func:`edgedot.edge_dot`."""
+    check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     for name, feat in (("src_feat", src_feat), ("dst_feat", dst_feat)):
-        if not isinstance(feat, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(feat).__name__}")
         if feat.dim() not in (2, 3):
             raise ValueError(f"{name} must be [N, D] or [N, H, D], got shape {tuple(feat.shape)}")
         if feat.dtype not in FEATURE_DTYPES:

@@ -2,7 +2,7 @@
 
 import torch
 
-from ._checks import check_inputs
+from ._checks import check_tensors
 from .ops import EagerCUDAEdgeDot, edge_dot_op, forward_cuda
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -37,11 +37,10 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     """
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
+    # refuses it in its own words.
+    check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     eager_cuda = _eager_cuda(src_feat, dst_feat)
-    # The eager CUDA path checks its inputs itself; elsewhere check before the dispatcher,
-    # whose own errors would not name the argument.
-    if not eager_cuda or plan is not None:
-        check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     if plan is None:
         src_plan = dst_plan = None
     else:
