@@ -103,3 +103,40 @@ def test_check_indices_false_runs_on_side_stream_without_sync():
     side.synchronize()
     assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
                     torch.float32)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_offsets_past_2_pow_31_elements(index_dtype):
+    """Rows whose element offset exceeds 2**31, forward and both backward paths."""
+    if torch.cuda.get_device_properties(0).total_memory < 48 * 2**30:
+        pytest.skip("needs about 30 GB of GPU memory")
+    g = gen(31)
+    num_src, dim = 2**28 + 4, 8  # the last row starts at element 2**31 + 24
+    src = torch.empty(num_src, dim, device="cuda", dtype=torch.bfloat16).normal_(generator=torch.Generator("cuda").manual_seed(1))
+    dst = rand_feat((100, dim), torch.bfloat16, "cuda", g)
+    far = torch.tensor([num_src - 1, num_src - 2, 2**28, 5, num_src - 1], device="cuda")
+    src_idx = torch.cat([far, torch.randint(num_src - 1000, num_src, (500,), device="cuda")]).to(index_dtype)
+    dst_idx = rand_index(100, src_idx.shape[0], index_dtype, "cuda", g)
+    rows = torch.unique(src_idx.long())
+    src_rows = src[rows].detach()
+    # The same edges on a compact copy of the touched rows: small enough for the reference.
+    compact_idx = torch.searchsorted(rows, src_idx.long())
+    expect = reference64(src_rows, dst, compact_idx, dst_idx)
+    assert_accurate(edgedot.edge_dot(src, dst, src_idx, dst_idx), reference(src_rows, dst, compact_idx, dst_idx),
+                    expect, torch.bfloat16)
+
+    grad_out = rand_feat((src_idx.shape[0],), torch.bfloat16, "cuda", g)
+    src.requires_grad_()
+    want_rows = torch.zeros(rows.shape[0], dim, dtype=torch.float64, device="cuda")
+    want_rows.index_add_(0, compact_idx, grad_out.double()[:, None] * dst.double()[dst_idx.long()])
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, 100)
+    for kwargs in ({}, {"plan": plan}):
+        src.grad = None
+        edgedot.edge_dot(src, dst, src_idx, dst_idx, **kwargs).backward(grad_out)
+        got_rows = src.grad[rows].double()
+        assert ((got_rows - want_rows).norm() / want_rows.norm()).item() < 1e-2, kwargs
+        untouched = torch.ones(num_src, dtype=torch.bool, device="cuda")
+        untouched[rows] = False
+        assert src.grad[untouched].abs().max().item() == 0, kwargs
+    del plan, src
+    torch.cuda.empty_cache()
