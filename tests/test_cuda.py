@@ -140,3 +140,26 @@ def test_offsets_past_2_pow_31_elements(index_dtype):
         assert src.grad[untouched].abs().max().item() == 0, kwargs
     del plan, src
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_gradients_of_large_graphs_are_sorted_per_call(dtype):
+    """Default mode reduces half-precision gradients of >= 2**20 edges over sorted edges: accurate,
+    and bitwise identical run after run although no plan or deterministic flag is given."""
+    from edgedot.ops import HALF_SORT_MIN_EDGES
+    from utils import edgedot_grads
+
+    g = gen(20)
+    num_src, num_dst, num_edges = 50_000, 40_000, HALF_SORT_MIN_EDGES + 123
+    src = rand_feat((num_src, 4, 32), dtype, "cuda", g)
+    dst = rand_feat((num_dst, 1, 32), dtype, "cuda", g)
+    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={7: 20 * PIECE_LEN})
+    dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
+    grad_out = rand_feat((num_edges, 4), dtype, "cuda", g)
+    runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out) for _ in range(3)]
+    for gs, gd in runs[1:]:
+        assert torch.equal(gs, runs[0][0]) and torch.equal(gd, runs[0][1])
+    want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
+    lowp = reference_grads(src, dst, src_idx, dst_idx, grad_out)
+    for got, w, lo, name in zip(runs[0], want, lowp, ("grad_src", "grad_dst")):
+        assert_accurate(got, lo, w, dtype, name)
