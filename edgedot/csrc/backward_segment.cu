@@ -5,16 +5,16 @@ namespace edgedot {
 
 // Writes a lane's slice of a row; S is the gradient's type or, for workspace slots, the
 // accumulation type (for which from_accum is the identity).
-template <typename S, int VEC>
-__device__ __forceinline__ void store_row(S* row, const accum_t<S> (&acc)[kVectorsPerLane][VEC], int64_t base,
-                                          int group, int64_t vectors) {
+template <typename S, typename A, int VEC>
+__device__ __forceinline__ void store_row(S* row, const A (&acc)[kVectorsPerLane][VEC], int64_t base, int group,
+                                          int64_t vectors) {
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
     const int64_t v = base + static_cast<int64_t>(u) * group;
     if (v < vectors) {
       Vec<S, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(acc[u][j]);
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(static_cast<accum_t<S>>(acc[u][j]));
       *reinterpret_cast<Vec<S, VEC>*>(row + v * VEC) = out;
     }
   }
@@ -60,15 +60,17 @@ grad_segment_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, accum_t<T>* __
         }
       }
       if (slot < 0) {
-        store_row<T, VEC>(grad + (row * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+        store_row<T>(grad + (row * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
       } else {
-        store_row<A, VEC>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+        store_row<A>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
       }
     }
   }
 }
 
-// Sums the pieces of each split row in slot order, which fixes the rounding: deterministic.
+// Sums the pieces of each split row in slot order, which fixes the rounding: deterministic. The
+// sum runs in double: a hot row of a large graph has thousands of pieces, and a float running
+// sum over them would lose the accuracy each piece kept.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kBlockThreads)
 combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace,
@@ -87,7 +89,7 @@ combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_
     const int64_t row_head = unit - row * a.row_heads;
     const int64_t first_slot = p.row_slot_begin[row];
     for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
-      A acc[kVectorsPerLane][VEC] = {};
+      double acc[kVectorsPerLane][VEC] = {};
       for (int64_t k = 0; k < pieces; ++k) {
         const A* part = workspace + ((first_slot + k) * a.row_heads + row_head) * a.dim;
 #pragma unroll
@@ -96,11 +98,11 @@ combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_
           if (v < vectors) {
             const Vec<A, VEC> x = load_vec<A, VEC>(part + v * VEC);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[u][j] += x.v[j];
+            for (int j = 0; j < VEC; ++j) acc[u][j] += static_cast<double>(x.v[j]);
           }
         }
       }
-      store_row<T, VEC>(grad + (row * a.row_heads + row_head) * a.dim, acc, base, group, vectors);
+      store_row<T>(grad + (row * a.row_heads + row_head) * a.dim, acc, base, group, vectors);
     }
   }
 }
