@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 start=$(date +%s)
 python3 -c "from edgedot._build import cuda_module; cuda_module()" && echo "build: $(( $(date +%s) - start )) s"
 
-python3 -m pytest -q -x tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -n 15
+python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -n 15
 
 for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitizer_workload.py 2>&1 \
