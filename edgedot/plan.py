@@ -28,6 +28,11 @@ def piece_len(num_edges):
     return max(8, min(PIECE_LEN, num_edges // TARGET_PIECES))
 
 
+def num_pieces(num_edges, num_rows):
+    """The static piece count P of a plan side: a piece per row, plus room for every split."""
+    return num_rows + num_edges // piece_len(num_edges)
+
+
 def build_side(row_idx, other_idx, num_rows):
     """Groups the edges by ``row_idx`` for one gradient, packed in one int64 tensor.
 
@@ -64,8 +69,7 @@ def build_side(row_idx, other_idx, num_rows):
     pieces_end = torch.cumsum(row_pieces, 0)
     pieces_begin = pieces_end - row_pieces
 
-    num_pieces = num_rows + num_edges // length
-    piece = torch.arange(num_pieces, device=device)
+    piece = torch.arange(num_pieces(num_edges, num_rows), device=device)
     row = torch.searchsorted(pieces_end, piece, right=True)
     used = row < num_rows
     row_c = row.clamp(max=max(num_rows - 1, 0))
@@ -89,8 +93,7 @@ def build_side(row_idx, other_idx, num_rows):
 
 def check_plan_layout(packed, num_edges, num_rows, device):
     """Raises ValueError unless ``packed`` has the layout of ``build_side`` for this graph."""
-    pieces = num_rows + num_edges // piece_len(num_edges)
-    size = 2 * num_edges + 4 * pieces + 2 * num_rows
+    size = 2 * num_edges + 4 * num_pieces(num_edges, num_rows) + 2 * num_rows
     if packed.dtype != torch.int64 or packed.dim() != 1 or packed.numel() != size or not packed.is_contiguous():
         raise ValueError(
             f"plan does not match this graph: expected a contiguous int64 tensor of {size} elements "
