@@ -95,11 +95,12 @@ class InRangeIndices:
     def __init__(self):
         self._entries = {}
 
-    def covers(self, idx, num_rows):
-        """Whether ``idx`` was found in range for at most ``num_rows`` rows and is unchanged."""
+    def covers(self, idx, feat):
+        """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
+        ``feat`` has (``feat`` may be malformed: then the answer is no)."""
         entry = self._entries.get(id(idx))
         return (entry is not None and entry[0]() is idx and entry[1] == _version_of(idx)
-                and entry[2] == idx.data_ptr() and entry[3] <= num_rows)
+                and entry[2] == idx.data_ptr() and feat.dim() > 0 and entry[3] <= feat.shape[0])
 
     def add(self, idx, num_rows):
         """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""

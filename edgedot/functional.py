@@ -37,28 +37,29 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     """
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
-    # refuses it in its own words.
-    check_tensors(src_feat, dst_feat, src_idx, dst_idx)
-    eager_cuda = _eager_cuda(src_feat, dst_feat)
     if plan is None:
         src_plan = dst_plan = None
     else:
+        check_tensors(src_feat, dst_feat, src_idx, dst_idx)
         plan.check_matches(src_feat, dst_feat, src_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
-    if eager_cuda:
+    if _eager_cuda(src_feat, dst_feat, src_idx, dst_idx):
         if torch.is_grad_enabled() and (src_feat.requires_grad or dst_feat.requires_grad):
             return EagerCUDAEdgeDot.apply(*args)
         return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
+    # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
+    # refuses it in its own words.
+    check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     return edge_dot_op(*args)
 
 
-def _eager_cuda(src_feat, dst_feat):
+def _eager_cuda(src_feat, dst_feat, src_idx, dst_idx):
     # Plain CUDA tensors outside tracing skip the dispatcher; fake, functorch-wrapped or other
     # subclassed tensors, and torch.compile, go through the registered op.
-    return (type(src_feat) in _PLAIN and type(dst_feat) in _PLAIN and src_feat.is_cuda
-            and not torch.compiler.is_compiling() and not _is_wrapped(src_feat) and not _is_wrapped(dst_feat))
+    return (type(src_feat) in _PLAIN and type(dst_feat) in _PLAIN and type(src_idx) in _PLAIN
+            and type(dst_idx) in _PLAIN and src_feat.is_cuda and not torch.compiler.is_compiling()
+            and not _is_wrapped(src_feat) and not _is_wrapped(dst_feat))
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

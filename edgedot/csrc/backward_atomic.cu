@@ -28,17 +28,18 @@ __device__ __forceinline__ void atomic_add_vec(float* p, const float (&x)[VEC]) 
   }
 }
 
-template <int VEC>
-__device__ __forceinline__ void atomic_add_vec(double* p, const double (&x)[VEC]) {
+template <int VEC, typename A>
+__device__ __forceinline__ void atomic_add_vec(double* p, const A (&x)[VEC]) {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) atomicAdd(p + j, x[j]);
+  for (int j = 0; j < VEC; ++j) atomicAdd(p + j, static_cast<double>(x[j]));
 }
 
 // A group owns a (tile, head) unit. It keeps the running row's partial gradient in registers and
-// flushes it with atomics when the row changes, so input sorted by row is nearly atomic-free.
-template <typename T, int VEC, typename RowIdx, typename OtherIdx>
+// flushes it with atomics into `grad` (of type Acc) when the row changes, so input sorted by row
+// is nearly atomic-free.
+template <typename T, typename Acc, int VEC, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kBlockThreads)
-grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group, int64_t tile_edges) {
+grad_atomic_kernel(GradArgs a, Acc* __restrict__ grad, int group, int64_t tile_edges) {
   using A = accum_t<T>;
   const T* __restrict__ grad_out = static_cast<const T*>(a.grad_out);
   const T* __restrict__ other = static_cast<const T*>(a.other.data);
@@ -62,7 +63,7 @@ grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group, int64_t
       slice.zero();
       int64_t current = -1;
       auto flush = [&]() {
-        A* row = grad + (current * a.row_heads + grad_head) * a.dim;
+        Acc* row = grad + (current * a.row_heads + grad_head) * a.dim;
 #pragma unroll
         for (int u = 0; u < kVectorsPerLane; ++u) {
           const int64_t v = base + static_cast<int64_t>(u) * group;
@@ -87,10 +88,10 @@ grad_atomic_kernel(GradArgs a, accum_t<T>* __restrict__ grad, int group, int64_t
   }
 }
 
-template <typename T, int VEC, typename RowIdx, typename OtherIdx>
-void launch(const GradArgs& a, accum_t<T>* grad, cudaStream_t stream) {
+template <typename T, typename Acc, int VEC, typename RowIdx, typename OtherIdx>
+void launch(const GradArgs& a, Acc* grad, cudaStream_t stream) {
   const int group = group_size(a.dim / VEC);
-  auto kernel = grad_atomic_kernel<T, VEC, RowIdx, OtherIdx>;
+  auto kernel = grad_atomic_kernel<T, Acc, VEC, RowIdx, OtherIdx>;
   // Four tiles per resident group at least, before tiles grow towards kMaxTileEdges.
   const int64_t resident_groups =
       static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(kernel)) * kBlockThreads / group;
@@ -99,22 +100,32 @@ void launch(const GradArgs& a, accum_t<T>* grad, cudaStream_t stream) {
   kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(a, grad, group, tile_edges);
 }
 
-void launch_grad_atomic(const GradArgs& a, void* grad_acc, ScalarKind scalar, IndexKind row_index,
-                        IndexKind other_index, cudaStream_t stream) {
+template <typename T, typename Acc>
+void launch_with_index(const GradArgs& a, void* grad_acc, IndexKind row_index, IndexKind other_index,
+                       cudaStream_t stream) {
+  auto* grad = static_cast<Acc*>(grad_acc);
+  dispatch_index(row_index, [&](auto ri) {
+    dispatch_index(other_index, [&](auto oi) {
+      using RowIdx = decltype(ri);
+      using OtherIdx = decltype(oi);
+      if (rows_vectorizable<T>(a.other, a.dim)) {
+        launch<T, Acc, wide_vec<T>(), RowIdx, OtherIdx>(a, grad, stream);
+      } else {
+        launch<T, Acc, 1, RowIdx, OtherIdx>(a, grad, stream);
+      }
+    });
+  });
+}
+
+void launch_grad_atomic(const GradArgs& a, void* grad_acc, ScalarKind scalar, bool double_accum,
+                        IndexKind row_index, IndexKind other_index, cudaStream_t stream) {
+  if (scalar == ScalarKind::f32 && double_accum) {
+    launch_with_index<float, double>(a, grad_acc, row_index, other_index, stream);
+    return;
+  }
   dispatch_scalar(scalar, [&](auto t) {
     using T = decltype(t);
-    auto* grad = static_cast<accum_t<T>*>(grad_acc);
-    dispatch_index(row_index, [&](auto ri) {
-      dispatch_index(other_index, [&](auto oi) {
-        using RowIdx = decltype(ri);
-        using OtherIdx = decltype(oi);
-        if (rows_vectorizable<T>(a.other, a.dim)) {
-          launch<T, wide_vec<T>(), RowIdx, OtherIdx>(a, grad, stream);
-        } else {
-          launch<T, 1, RowIdx, OtherIdx>(a, grad, stream);
-        }
-      });
-    });
+    launch_with_index<T, accum_t<T>>(a, grad_acc, row_index, other_index, stream);
   });
 }
 

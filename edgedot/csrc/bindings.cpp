@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+
 #include "edgedot.h"
 
 namespace edgedot {
@@ -53,21 +55,52 @@ bool stream_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+bool is_feature_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+bool is_index(const at::Tensor& idx) {
+  return (idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong) && idx.dim() == 1;
+}
+
+// The argument rules of edgedot/_checks.py:check_inputs, as a predicate: the eager path asks
+// here first (cheaper than Python), and Python's check_inputs words the error when it fails.
+bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const at::Tensor& src_idx,
+                  const at::Tensor& dst_idx) {
+  const auto device = src_feat.device();
+  const int64_t src_heads = heads_of(src_feat), dst_heads = heads_of(dst_feat);
+  return (src_feat.dim() == 2 || src_feat.dim() == 3) && (dst_feat.dim() == 2 || dst_feat.dim() == 3) &&
+         is_feature_dtype(src_feat.scalar_type()) && src_feat.scalar_type() == dst_feat.scalar_type() &&
+         src_feat.size(-1) == dst_feat.size(-1) &&
+         (src_heads == dst_heads || src_heads == 1 || dst_heads == 1) && is_index(src_idx) && is_index(dst_idx) &&
+         src_idx.size(0) == dst_idx.size(0) && dst_feat.device() == device && src_idx.device() == device &&
+         dst_idx.device() == device;
+}
+
 }  // namespace
 
-// Returns the output and which index tensor held an out-of-range index (0: none, 1: src_idx,
-// 2: dst_idx); Python raises the IndexError. Unchecked calls always report 0.
+// Widest float32 rows (features per head) whose atomic backward accumulates in double.
+constexpr int64_t kDoubleAccumMaxDim = 16;
+
+// Outcome codes of forward, turned into exceptions in Python (edgedot/ops.py).
+constexpr int64_t kOk = 0, kBadSrcIndex = 1, kBadDstIndex = 2, kInvalidInputs = 3;
+
+// Returns the output and an outcome code: kBadSrcIndex / kBadDstIndex when src_idx / dst_idx
+// held an out-of-range index (checked calls only), kInvalidInputs (and an undefined output) when
+// the arguments break the rules of check_inputs, in which case nothing was launched.
 std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx,
-                                        at::Tensor dst_idx, std::vector<int64_t> out_shape, bool check_indices) {
+                                        at::Tensor dst_idx, bool check_indices) {
+  if (!valid_inputs(src_feat, dst_feat, src_idx, dst_idx)) return {at::Tensor(), kInvalidInputs};
   const c10::cuda::CUDAGuard guard(src_feat.device());
   src_feat = unit_stride_last(src_feat);
   dst_feat = unit_stride_last(dst_feat);
   src_idx = src_idx.contiguous();
   dst_idx = dst_idx.contiguous();
-  at::Tensor out = at::empty(out_shape, src_feat.options());
-  const int64_t heads = out_shape.size() == 2 ? out_shape[1] : 1;
   const int64_t num_edges = src_idx.size(0);
-  if (out.numel() == 0) return {out, 0};
+  const bool flat = src_feat.dim() == 2 && dst_feat.dim() == 2;
+  const int64_t heads = std::max(heads_of(src_feat), heads_of(dst_feat));
+  at::Tensor out = flat ? at::empty({num_edges}, src_feat.options()) : at::empty({num_edges, heads}, src_feat.options());
+  if (out.numel() == 0) return {out, kOk};
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   // Checking needs the kernel's verdict on the host: it waits for the stream. Capture can't wait.
@@ -85,10 +118,10 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
   if (flags != nullptr) {
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     const volatile int* seen = flags;
-    if (seen[0] != 0) return {out, 1};
-    if (seen[1] != 0) return {out, 2};
+    if (seen[0] != 0) return {out, kBadSrcIndex};
+    if (seen[1] != 0) return {out, kBadDstIndex};
   }
-  return {out, 0};
+  return {out, kOk};
 }
 
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
@@ -105,7 +138,11 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
   const int64_t heads = grad_out.dim() == 2 ? grad_out.size(1) : 1;
   const at::ScalarType dtype = row_feat.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  const at::ScalarType accum = half ? at::kFloat : dtype;
+  // Narrow float32 rows gather their atomics in double: a row's error is then that of its few
+  // long sums alone, which float atomics on a hot row (hundreds of thousands of edges) left at
+  // several times PyTorch's sorted sum; at this width the buffer and its atomics cost little.
+  const bool double_accum = dtype == at::kFloat && dim <= kDoubleAccumMaxDim;
+  const at::ScalarType accum = half ? at::kFloat : double_accum ? at::kDouble : dtype;
   const auto options = row_feat.options();
   if (num_edges == 0 || row_feat.numel() == 0) return at::zeros(row_feat.sizes(), options);
 
@@ -135,11 +172,13 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad.view(row_feat.sizes());
   }
-  at::Tensor grad = at::zeros({num_rows, row_heads, dim}, options.dtype(accum));
-  launch_grad_atomic(args, grad.data_ptr(), scalar_kind(dtype), index_kind(row_idx, "row_idx"),
+  // A memset, not at::zeros: a fill kernel costs several microseconds more host time per call.
+  at::Tensor grad = at::empty({num_rows, row_heads, dim}, options.dtype(accum));
+  C10_CUDA_CHECK(cudaMemsetAsync(grad.data_ptr(), 0, grad.nbytes(), stream));
+  launch_grad_atomic(args, grad.data_ptr(), scalar_kind(dtype), double_accum, index_kind(row_idx, "row_idx"),
                      index_kind(other_idx, "other_idx"), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return (half ? grad.to(dtype) : grad).view(row_feat.sizes());
+  return (accum != dtype ? grad.to(dtype) : grad).view(row_feat.sizes());
 }
 
 }  // namespace edgedot

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -40,6 +41,58 @@ struct alignas(sizeof(T) * VEC) Vec {
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+// Two half-type elements as one word, for conversions two at a time.
+template <typename T> struct Pair { using type = void; };
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+__device__ __forceinline__ float2 to_float2(__half2 x) { return __half22float2(x); }
+// bf16 is the high half of a float: two bit operations per pair.
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) {
+  const unsigned bits = *reinterpret_cast<const unsigned*>(&x);
+  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+}
+
+// acc + <x, y> over one vector of each row. Half types convert pairs, which keeps fewer
+// registers live than converting element by element.
+template <typename T, int VEC>
+__device__ __forceinline__ accum_t<T> dot_add(accum_t<T> acc, const Vec<T, VEC>& x, const Vec<T, VEC>& y) {
+  using P = typename Pair<T>::type;
+  if constexpr (!std::is_void_v<P> && VEC % 2 == 0) {
+    const P* xp = reinterpret_cast<const P*>(x.v);
+    const P* yp = reinterpret_cast<const P*>(y.v);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      const float2 a = to_float2(xp[j]);
+      const float2 b = to_float2(yp[j]);
+      acc = fmaf(a.x, b.x, acc);
+      acc = fmaf(a.y, b.y, acc);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc += to_accum(x.v[j]) * to_accum(y.v[j]);
+  }
+  return acc;
+}
+
+// acc += g * x over one vector, converting half types in pairs like dot_add.
+template <typename T, int VEC>
+__device__ __forceinline__ void add_scaled_vec(accum_t<T> (&acc)[VEC], accum_t<T> g, const Vec<T, VEC>& x) {
+  using P = typename Pair<T>::type;
+  if constexpr (!std::is_void_v<P> && VEC % 2 == 0) {
+    const P* xp = reinterpret_cast<const P*>(x.v);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      const float2 a = to_float2(xp[j]);
+      acc[2 * j] = fmaf(g, a.x, acc[2 * j]);
+      acc[2 * j + 1] = fmaf(g, a.y, acc[2 * j + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] += g * to_accum(x.v[j]);
+  }
 }
 
 // Elements per 16-byte vector.

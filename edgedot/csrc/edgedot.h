@@ -54,9 +54,10 @@ void launch_forward(const ForwardArgs& args, ScalarKind scalar, IndexKind src_in
                     cudaStream_t stream);
 
 // grad[row_idx[e], h] += grad_out[e, h] * other[other_idx[e], h], with atomics into a zeroed
-// buffer of the accumulation type (float for half types, else the scalar type itself).
-void launch_grad_atomic(const GradArgs& args, void* grad_acc, ScalarKind scalar, IndexKind row_index,
-                        IndexKind other_index, cudaStream_t stream);
+// buffer of the accumulation type: float for half types, double for float32 with double_accum,
+// else the scalar type itself.
+void launch_grad_atomic(const GradArgs& args, void* grad_acc, ScalarKind scalar, bool double_accum,
+                        IndexKind row_index, IndexKind other_index, cudaStream_t stream);
 
 // The same gradient reduced per row over the plan's pieces, without atomics. Writes every row of
 // grad (scalar type); pieces of split rows go to workspace (accumulation type) and are then summed

@@ -29,10 +29,7 @@ struct RowSlice {
     }
 #pragma unroll
     for (int u = 0; u < kVectorsPerLane; ++u) {
-      if (base + static_cast<int64_t>(u) * group < vectors) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[u][j] += g * to_accum(x[u].v[j]);
-      }
+      if (base + static_cast<int64_t>(u) * group < vectors) add_scaled_vec(acc[u], g, x[u]);
     }
   }
 };
