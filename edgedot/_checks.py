@@ -99,8 +99,14 @@ class InRangeIndices:
         """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
         ``feat`` has (``feat`` may be malformed: then the answer is no)."""
         entry = self._entries.get(id(idx))
-        return (entry is not None and entry[0]() is idx and entry[1] == _version_of(idx)
-                and entry[2] == idx.data_ptr() and feat.dim() > 0 and entry[3] <= feat.shape[0])
+        # An entry exists only for a live tensor that keeps a version counter (see add), so
+        # ``_version`` is safe once the identity holds. This runs on every call: kept lean.
+        if entry is None or entry[0]() is not idx or entry[1] != idx._version or entry[2] != idx.data_ptr():
+            return False
+        try:
+            return entry[3] <= feat.shape[0]
+        except IndexError:  # a 0-d feature tensor, refused later with its own error
+            return False
 
     def add(self, idx, num_rows):
         """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
