@@ -121,6 +121,7 @@ _CHECK_EXPORT = textwrap.dedent("""
         got = problem.ModelNew(*init)(*inputs)
         torch.cuda.synchronize()
         report["new_error"] = ((got.double() - ref64).norm() / ref64.norm()).item()
+        report["new_max_abs_vs_model"] = (got - expect).abs().max().item()
         report["new_finite"] = bool(torch.isfinite(got).all())
         bad = inputs[2].clone()
         bad[::7] = problem.num_src_nodes + 3  # unchecked: NaN for those edges, no crash
@@ -154,6 +155,7 @@ def test_export_model_new_on_cuda(exported):
     report = _check_export(exported, build_cuda=True)
     assert report["new_finite"]
     assert report["new_error"] <= max(2 * report["model_error"], 1e-6)
+    assert report["new_max_abs_vs_model"] < 1e-4  # element by element against Model
     assert report["oob_nan"]
     assert report["oob_rest_equal"]
 
