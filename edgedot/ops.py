@@ -149,8 +149,8 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
         out = forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
-        ctx.save_for_backward(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan)
-        ctx.deterministic = deterministic
+        inputs = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
+        _setup_context(ctx, inputs, out)
         return out
 
     @staticmethod
