@@ -82,41 +82,58 @@ def check_index_range(name, idx, num_rows):
         raise IndexError(f"{name} holds {bad}, outside [0, {num_rows})")
 
 
-class InRangeIndices:
-    """Index tensors already found inside ``[0, num_rows)``, remembered until they change.
+class TensorMemo:
+    """Facts about index tensors, each remembered until its tensor changes.
 
-    A graph's index tensors are usually passed again and again; checking them costs a pass over
-    E integers and, on CUDA, a wait for the GPU. An entry holds while the tensor object lives,
-    keeps its storage and is not modified in place (its version counter is unchanged). Writes
-    that bypass PyTorch (raw pointers, DLPack producers) are not seen: the kernels still never
-    read out of range, and such an edge yields NaN.
+    A graph's index tensors are usually passed again and again, and learning a fact about one
+    (its range, its order) costs a pass over E integers and, on CUDA, a wait for the GPU. An
+    entry holds while the tensor object lives, keeps its storage and is not modified in place
+    (its version counter is unchanged). Writes that bypass PyTorch (raw pointers, DLPack
+    producers) are not seen.
     """
 
     def __init__(self):
         self._entries = {}
 
-    def covers(self, idx, feat):
-        """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
-        ``feat`` has (``feat`` may be malformed: then the answer is no)."""
+    def get(self, idx):
+        """The fact recorded for ``idx``, or None if there is none or ``idx`` changed since."""
         entry = self._entries.get(id(idx))
-        # An entry exists only for a live tensor that keeps a version counter (see add), so
+        # An entry exists only for a live tensor that keeps a version counter (see put), so
         # ``_version`` is safe once the identity holds. This runs on every call: kept lean.
         if entry is None or entry[0]() is not idx or entry[1] != idx._version or entry[2] != idx.data_ptr():
-            return False
-        try:
-            return entry[3] <= feat.shape[0]
-        except IndexError:  # a 0-d feature tensor, refused later with its own error
-            return False
+            return None
+        return entry[3]
 
-    def add(self, idx, num_rows):
-        """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
+    def put(self, idx, fact):
+        """Records ``fact`` (not None) for ``idx`` as it is now."""
         version = _version_of(idx)
         if version is None:
             return
         key = id(idx)
         entries = self._entries
         ref = weakref.ref(idx, lambda _, key=key: entries.pop(key, None))
-        entries[key] = (ref, version, idx.data_ptr(), num_rows)
+        entries[key] = (ref, version, idx.data_ptr(), fact)
+
+
+class InRangeIndices(TensorMemo):
+    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``). The
+    kernels never read out of range whatever this says: an index changed behind PyTorch's back
+    yields NaN, not a crash."""
+
+    def covers(self, idx, feat):
+        """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
+        ``feat`` has (``feat`` may be malformed: then the answer is no)."""
+        num_rows = self.get(idx)
+        if num_rows is None:
+            return False
+        try:
+            return num_rows <= feat.shape[0]
+        except IndexError:  # a 0-d feature tensor, refused later with its own error
+            return False
+
+    def add(self, idx, num_rows):
+        """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
+        self.put(idx, num_rows)
 
 
 def _version_of(idx):
@@ -125,3 +142,4 @@ def _version_of(idx):
 
 
 in_range_indices = InRangeIndices()
+sorted_indices = TensorMemo()

@@ -7,12 +7,16 @@ Both are registered with ``torch.library`` so ``torch.compile(fullgraph=True)`` 
 them and ``torch.library.opcheck`` holds.
 """
 
+import functools
+
 import torch
 
 from . import _cpu
 from ._build import cuda_module
-from ._checks import check_index_range, check_inputs, in_range_indices, output_shape
+from ._checks import check_index_range, check_inputs, in_range_indices, output_shape, sorted_indices
 from .plan import build_side, check_plan_layout
+
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 __all__ = ["edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "forward_cuda", "grad_cuda"]
 
@@ -103,32 +107,78 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-# Half-precision gradients on graphs at least this large are reduced over sorted edges even
-# without a plan: the atomic path accumulates them in a float32 buffer and converts it, which
-# measured 1.4-1.5x slower than sorting per call (H200, 2**24 edges, bf16; NOTES.md).
-HALF_SORT_MIN_EDGES = 1 << 20
+# A gradient of at least this many edges whose rows come in random order, and whose atomic
+# buffer exceeds half the L2 cache, is reduced over edges sorted by row: the radix sort costs
+# less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of 128 floats, 4.8
+# against 7.7 ms; 2M edges, 100k rows of 1000 floats, 2.6 against 7.1 ms). Atomics into a
+# buffer that fits L2 stay faster (100k rows of 64 floats: 0.27 against 0.41 ms). NOTES.md.
+SORT_MIN_EDGES = 1 << 20
 
 
-def _side_plan(given, deterministic, row_idx, other_idx, row_feat):
-    # A given plan is always used (it is the fast path). Without one, deterministic mode, and
-    # half types on large graphs, sort the edges per call; otherwise atomics reduce them.
-    if given is not None or not row_idx.is_cuda:
-        return given
-    half = row_feat.dtype in (torch.float16, torch.bfloat16)
-    if deterministic or (half and row_idx.shape[0] >= HALF_SORT_MIN_EDGES):
-        return build_side(row_idx, other_idx, row_feat.shape[0])
-    return None
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index):
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
+def _atomics_miss_l2(row_feat):
+    # The atomic buffer holds half types in float32.
+    buffer_bytes = row_feat.numel() * max(row_feat.element_size(), 4)
+    return 2 * buffer_bytes > _l2_bytes(row_feat.device.index)
+
+
+def _is_sorted(idx):
+    """Whether ``idx`` is non-decreasing, learned once per index tensor (a pass and a wait);
+    None while tracing or capturing a CUDA graph, where nothing may wait."""
+    known = sorted_indices.get(idx)
+    if known is not None:
+        return known
+    if type(idx) is not torch.Tensor or _is_wrapped(idx) or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    verdict = bool((idx[1:] >= idx[:-1]).all())
+    sorted_indices.put(idx, verdict)
+    return verdict
+
+
+def _sort_keys(row_idx, num_rows):
+    # 32-bit keys halve the radix passes. Out-of-range indices (possible with check_indices=False)
+    # are clamped to -1 or num_rows first, so no cast wraps them onto a real row: the kernels
+    # skip them.
+    key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
+    return row_idx.clamp(-1, num_rows).to(key_dtype)
+
+
+def _grad_side(grad_rows, grad_out, row_feat, other_feat, row_idx, other_idx, plan, deterministic):
+    """One side's gradient, by the fastest path its mode allows:
+
+    - a given plan: the segment reduction, no sort;
+    - deterministic mode: a plan built for this call (no sort if ``row_idx`` is known sorted);
+    - otherwise, on large graphs whose ``row_idx`` is not sorted and whose gradient does not
+      fit in L2: the edges sorted by row, then the atomic kernel, which reduces runs of one row
+      in registers, so few atomics remain;
+    - otherwise the atomic kernel on the edges as given.
+    """
+    if plan is None and row_idx.is_cuda:
+        large = row_idx.shape[0] >= SORT_MIN_EDGES
+        num_rows = row_feat.shape[0]
+        if deterministic:
+            presorted = large and in_range_indices.covers(row_idx, row_feat) and _is_sorted(row_idx) is True
+            plan = build_side(row_idx, other_idx, num_rows, presorted=presorted)
+        elif large and _atomics_miss_l2(row_feat) and _is_sorted(row_idx) is False:
+            sorted_rows, order = torch.sort(_sort_keys(row_idx, num_rows))
+            return grad_rows(grad_out.index_select(0, order), row_feat, other_feat, sorted_rows,
+                             other_idx.index_select(0, order), None)
+    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan)
 
 
 def _backward_with(grad_rows, ctx, grad_out):
     src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan = ctx.saved_tensors
     grad_src = grad_dst = None
     if ctx.needs_input_grad[0]:
-        plan = _side_plan(src_plan, ctx.deterministic, src_idx, dst_idx, src_feat)
-        grad_src = grad_rows(grad_out, src_feat, dst_feat, src_idx, dst_idx, plan)
+        grad_src = _grad_side(grad_rows, grad_out, src_feat, dst_feat, src_idx, dst_idx, src_plan,
+                              ctx.deterministic)
     if ctx.needs_input_grad[1]:
-        plan = _side_plan(dst_plan, ctx.deterministic, dst_idx, src_idx, dst_feat)
-        grad_dst = grad_rows(grad_out, dst_feat, src_feat, dst_idx, src_idx, plan)
+        grad_dst = _grad_side(grad_rows, grad_out, dst_feat, src_feat, dst_idx, src_idx, dst_plan,
+                              ctx.deterministic)
     return grad_src, grad_dst, None, None, None, None, None, None
 
 

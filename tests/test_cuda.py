@@ -5,7 +5,7 @@ import torch
 
 import edgedot
 from utils import (PIECE_LEN, assert_accurate, gen, rand_feat, rand_index, reference, reference64,
-                   reference_grads, requires_cuda, skewed_index)
+                   reference_grads, rel_error, requires_cuda, scatter_grads, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -142,24 +142,92 @@ def test_offsets_past_2_pow_31_elements(index_dtype):
     torch.cuda.empty_cache()
 
 
+@pytest.fixture
+def sort_large_gradients(monkeypatch):
+    """Every gradient of >= SORT_MIN_EDGES edges in random order takes the sorting path, as if
+    the L2 cache were empty: the test graphs' gradients would otherwise fit in it."""
+    from edgedot import ops
+    monkeypatch.setattr(ops, "_l2_bytes", lambda device_index: 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_gradients_of_large_graphs_are_sorted_per_call(dtype):
-    """Default mode reduces half-precision gradients of >= 2**20 edges over sorted edges: accurate,
-    and bitwise identical run after run although no plan or deterministic flag is given."""
-    from edgedot.ops import HALF_SORT_MIN_EDGES
+def test_half_gradients_of_large_graphs(dtype, sort_large_gradients):
+    """Default mode on >= SORT_MIN_EDGES edges in random order sorts them per call before the
+    atomic kernel; half-precision rows accumulate in a float32 buffer."""
+    from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
     g = gen(20)
-    num_src, num_dst, num_edges = 50_000, 40_000, HALF_SORT_MIN_EDGES + 123
+    num_src, num_dst, num_edges = 50_000, 40_000, SORT_MIN_EDGES + 123
     src = rand_feat((num_src, 4, 32), dtype, "cuda", g)
     dst = rand_feat((num_dst, 1, 32), dtype, "cuda", g)
     src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={7: 20 * PIECE_LEN})
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges, 4), dtype, "cuda", g)
-    runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out) for _ in range(3)]
-    for gs, gd in runs[1:]:
-        assert torch.equal(gs, runs[0][0]) and torch.equal(gd, runs[0][1])
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out)
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
     lowp = reference_grads(src, dst, src_idx, dst_idx, grad_out)
-    for got, w, lo, name in zip(runs[0], want, lowp, ("grad_src", "grad_dst")):
-        assert_accurate(got, lo, w, dtype, name)
+    for gr, w, lo, name in zip(got, want, lowp, ("grad_src", "grad_dst")):
+        assert_accurate(gr, lo, w, dtype, name)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_large_graph_sorted_on_one_side(deterministic, sort_large_gradients, monkeypatch):
+    """src_idx sorted, dst_idx random, >= SORT_MIN_EDGES edges: default mode reduces the sorted
+    side as given and sorts the other per call; deterministic mode skips the sort of the sorted
+    side, which must give the plan's gradients bit for bit."""
+    from edgedot import ops
+    from edgedot.ops import SORT_MIN_EDGES
+    from utils import edgedot_grads
+
+    sorted_sides, plan_builds = [], []
+    sort_keys, build_side = ops._sort_keys, ops.build_side
+    monkeypatch.setattr(ops, "_sort_keys", lambda idx, rows: sorted_sides.append(rows) or sort_keys(idx, rows))
+    monkeypatch.setattr(ops, "build_side",
+                        lambda *args, presorted: plan_builds.append(presorted) or build_side(*args, presorted=presorted))
+
+    g = gen(21)
+    num_src, num_dst, num_edges, dim = 30_000, 20_000, SORT_MIN_EDGES + 77, 40
+    src = rand_feat((num_src, dim), torch.float32, "cuda", g)
+    dst = rand_feat((num_dst, dim), torch.float32, "cuda", g)
+    src_idx = torch.sort(skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={11: 5 * PIECE_LEN}))[0]
+    dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
+    grad_out = rand_feat((num_edges,), torch.float32, "cuda", g)
+    edgedot.edge_dot(src, dst, src_idx, dst_idx)  # the checked call finds both in range
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
+    want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
+    yardstick = reference_grads(src, dst, src_idx, dst_idx, grad_out) if deterministic else \
+        scatter_grads(src, dst, src_idx, dst_idx, grad_out)
+    for gr, w, lo, name in zip(got, want, yardstick, ("grad_src", "grad_dst")):
+        assert_accurate(gr, lo, w, torch.float32, name)
+    # Only dst_idx was sorted per call (default mode), or only src_idx's sort was skipped.
+    assert (sorted_sides, plan_builds) == (([], [True, False]) if deterministic else ([num_dst], []))
+    if deterministic:
+        plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
+        with_plan = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, plan=plan)
+        assert torch.equal(got[0], with_plan[0]) and torch.equal(got[1], with_plan[1])
+
+
+def test_large_graph_unchecked_out_of_range_edges_add_nothing(sort_large_gradients):
+    """check_indices=False with out-of-range indices on a graph the backward sorts per call:
+    those edges contribute to no row (sorting must not wrap them onto real rows)."""
+    from edgedot.ops import SORT_MIN_EDGES
+    from utils import edgedot_grads
+
+    g = gen(22)
+    num_src, num_dst, num_edges, dim = 30_000, 20_000, SORT_MIN_EDGES + 5, 8
+    src = rand_feat((num_src, dim), torch.float64, "cuda", g)
+    dst = rand_feat((num_dst, dim), torch.float64, "cuda", g)
+    src_idx = rand_index(num_src, num_edges, torch.int64, "cuda", g)
+    dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
+    bad = torch.randperm(num_edges, generator=g)[:1000].cuda()
+    src_idx[bad[:300]] = -1
+    src_idx[bad[300:600]] = num_src + 2**32  # wraps onto row 2 if cast to int32 unclamped
+    dst_idx[bad[600:]] = num_dst
+    grad_out = rand_feat((num_edges,), torch.float64, "cuda", g)
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False)
+    keep = torch.ones(num_edges, dtype=torch.bool, device="cuda")
+    keep[bad] = False
+    want = reference_grads(src, dst, src_idx[keep], dst_idx[keep], grad_out[keep], torch.float64)
+    for gr, w, name in zip(got, want, ("grad_src", "grad_dst")):
+        assert rel_error(gr, w) < 1e-12, name

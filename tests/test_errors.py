@@ -362,3 +362,13 @@ def test_inference_mode_indices_are_checked_every_call(device):
         src_idx[0] = NUM_SRC
         with pytest.raises(IndexError, match="src_idx"):
             _call(_with(a, src_idx=src_idx))
+
+
+def test_sortedness_is_learned_once_and_forgotten_on_change():
+    from edgedot import ops
+    from edgedot._checks import sorted_indices
+    idx = torch.arange(10)
+    assert ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
+    idx[3] = 0
+    assert sorted_indices.get(idx) is None and ops._is_sorted(idx) is False
+    assert ops._is_sorted(torch.tensor([2, 2, 5])) is True
