@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["bindings.cpp", "launch.cu", "forward.cu", "backward_atomic.cu", "backward_segment.cu"]
+SOURCES = ["bindings.cpp", "launch.cu", "forward.cu", "backward_atomic.cu", "backward_segment.cu",
+           "backward_sorted.cu"]
 
 _lock = threading.Lock()
 _module = None

@@ -1,7 +1,8 @@
 """The ``edgedot`` custom operators: schemas, per-device implementations, fake tensors, autograd.
 
 ``edgedot::edge_dot``       forward; the plans ride along only for the backward.
-``edgedot::edge_dot_grad``  gradient for one side ("rows"), given the other side's features.
+``edgedot::edge_dot_grad``  gradient for one side ("rows"), given the other side's features; with
+                            ``rows_sorted`` the caller promises ``row_idx`` is non-decreasing.
 
 Both are registered with ``torch.library`` so ``torch.compile(fullgraph=True)`` traces through
 them and ``torch.library.opcheck`` holds.
@@ -14,7 +15,7 @@ import torch
 from . import _cpu
 from ._build import cuda_module
 from ._checks import check_index_range, check_inputs, in_range_indices, output_shape, sorted_indices
-from .plan import build_side, check_plan_layout
+from .plan import check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -26,7 +27,7 @@ _lib.define(
     "Tensor? src_plan, Tensor? dst_plan, bool deterministic, bool check_indices) -> Tensor")
 _lib.define(
     "edge_dot_grad(Tensor grad_out, Tensor row_feat, Tensor other_feat, Tensor row_idx, "
-    "Tensor other_idx, Tensor? plan) -> Tensor")
+    "Tensor other_idx, Tensor? plan, bool rows_sorted) -> Tensor")
 
 edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
@@ -69,11 +70,11 @@ def forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices):
     return out
 
 
-def grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+def grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
     """The CUDA gradient of one side behind both the custom op and the eager fast path."""
     if plan is not None:
         check_plan_layout(plan, row_idx.shape[0], row_feat.shape[0], row_feat.device)
-    return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan)
+    return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted)
 
 
 @torch.library.impl(_lib, "edge_dot", "CUDA")
@@ -88,7 +89,7 @@ def _edge_dot_fake(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, det
 
 
 @torch.library.impl(_lib, "edge_dot_grad", "CPU")
-def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
     # index_add_ on the CPU adds in edge order, so the CPU gradient is deterministic without a plan.
     return _cpu.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
 
@@ -97,7 +98,7 @@ torch.library.impl(_lib, "edge_dot_grad", "CUDA")(grad_cuda)
 
 
 @torch.library.register_fake("edgedot::edge_dot_grad")
-def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan):
+def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
     return row_feat.new_empty(row_feat.shape)
 
 
@@ -107,11 +108,12 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-# A gradient of at least this many edges whose rows come in random order, and whose atomic
-# buffer exceeds half the L2 cache, is reduced over edges sorted by row: the radix sort costs
-# less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of 128 floats, 4.8
-# against 7.7 ms; 2M edges, 100k rows of 1000 floats, 2.6 against 7.1 ms). Atomics into a
-# buffer that fits L2 stay faster (100k rows of 64 floats: 0.27 against 0.41 ms). NOTES.md.
+# Without a plan, a gradient of at least this many edges whose atomic buffer exceeds half the L2
+# cache is reduced over edges sorted by row, unless its index is known to be sorted already: the
+# radix sort costs less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of
+# 128 floats, 4.8 against 7.7 ms; 2M edges, 100k rows of 1000 floats, 2.6 against 7.1 ms).
+# Atomics into a buffer that fits L2 stay faster (100k rows of 64 floats: 0.27 against 0.41
+# ms). NOTES.md.
 SORT_MIN_EDGES = 1 << 20
 
 
@@ -150,24 +152,24 @@ def _sort_keys(row_idx, num_rows):
 def _grad_side(grad_rows, grad_out, row_feat, other_feat, row_idx, other_idx, plan, deterministic):
     """One side's gradient, by the fastest path its mode allows:
 
-    - a given plan: the segment reduction, no sort;
-    - deterministic mode: a plan built for this call (no sort if ``row_idx`` is known sorted);
-    - otherwise, on large graphs whose ``row_idx`` is not sorted and whose gradient does not
-      fit in L2: the edges sorted by row, then the atomic kernel, which reduces runs of one row
-      in registers, so few atomics remain;
-    - otherwise the atomic kernel on the edges as given.
+    - a given plan: the segment reduction over the plan's pieces;
+    - ``row_idx`` known to be sorted (learned on large graphs only): the sorted reduction as is;
+    - deterministic mode, or a large graph whose gradient does not fit in L2: the edges sorted
+      by row (stably: the order within a row stays the edge order), then the sorted reduction;
+    - otherwise the atomic kernel in edge order, which sums runs of one row in registers first.
+
+    All but the last are free of float atomics and bitwise reproducible.
     """
-    if plan is None and row_idx.is_cuda:
-        large = row_idx.shape[0] >= SORT_MIN_EDGES
-        num_rows = row_feat.shape[0]
-        if deterministic:
-            presorted = large and in_range_indices.covers(row_idx, row_feat) and _is_sorted(row_idx) is True
-            plan = build_side(row_idx, other_idx, num_rows, presorted=presorted)
-        elif large and _atomics_miss_l2(row_feat) and _is_sorted(row_idx) is False:
-            sorted_rows, order = torch.sort(_sort_keys(row_idx, num_rows))
-            return grad_rows(grad_out.index_select(0, order), row_feat, other_feat, sorted_rows,
-                             other_idx.index_select(0, order), None)
-    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan)
+    if plan is not None or not row_idx.is_cuda:
+        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, False)
+    large = row_idx.shape[0] >= SORT_MIN_EDGES
+    if large and _is_sorted(row_idx):
+        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, True)
+    if deterministic or (large and _atomics_miss_l2(row_feat)):
+        sorted_rows, order = torch.sort(_sort_keys(row_idx, row_feat.shape[0]), stable=True)
+        return grad_rows(grad_out.index_select(0, order), row_feat, other_feat, sorted_rows,
+                         other_idx.index_select(0, order), None, True)
+    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, False)
 
 
 def _backward_with(grad_rows, ctx, grad_out):

@@ -33,11 +33,8 @@ def num_pieces(num_edges, num_rows):
     return num_rows + num_edges // piece_len(num_edges)
 
 
-def build_side(row_idx, other_idx, num_rows, presorted=False):
+def build_side(row_idx, other_idx, num_rows):
     """Groups the edges by ``row_idx`` for one gradient, packed in one int64 tensor.
-
-    ``presorted=True`` promises that ``row_idx`` is non-decreasing and inside ``[0, num_rows)``:
-    the sort is skipped, which gives the same plan.
 
     The packed tensor concatenates, in this order (``P = num_rows + E // piece_len(E)``):
 
@@ -64,10 +61,7 @@ def build_side(row_idx, other_idx, num_rows, presorted=False):
     key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
     in_range = (row_idx >= 0) & (row_idx < num_rows)
     keys = torch.where(in_range, row_idx, torch.full_like(row_idx, num_rows)).to(key_dtype)
-    if presorted:
-        sorted_rows, order = keys, torch.arange(num_edges, device=device)
-    else:
-        sorted_rows, order = torch.sort(keys, stable=True)
+    sorted_rows, order = torch.sort(keys, stable=True)
     other_sorted = other_idx[order].long()
     row_ptr = torch.searchsorted(sorted_rows, torch.arange(num_rows + 1, device=device, dtype=key_dtype))
     degree = row_ptr[1:] - row_ptr[:-1]

@@ -20,6 +20,10 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
                 edgedot.edge_dot(s, d, torch.tensor([0, 50], device=dev), torch.tensor([0, 1], device=dev))
             except IndexError:
                 pass
-            edgedot.edge_dot(s, d, torch.tensor([0, 50], device=dev), torch.tensor([0, 1], device=dev), check_indices=False)
+            bad_src = torch.tensor([-1, 0, 50, 3, 2**40], device=dev, dtype=torch.int64)
+            bad_dst = torch.tensor([0, 41, 1, -5, 2], device=dev, dtype=it)
+            for kw in ({}, {"deterministic": True}):  # out-of-range edges, unchecked, both reductions
+                out = edgedot.edge_dot(s, d, bad_src, bad_dst, check_indices=False, **kw)
+                out.backward(torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize workload done")

@@ -124,8 +124,10 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
   return {out, kOk};
 }
 
+// One side's gradient: over the plan's pieces if one is given, else over row-sorted edges if
+// rows_sorted (row_idx non-decreasing), else with atomics in the given edge order.
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
-                     at::Tensor other_idx, c10::optional<at::Tensor> plan) {
+                     at::Tensor other_idx, c10::optional<at::Tensor> plan, bool rows_sorted) {
   const c10::cuda::CUDAGuard guard(row_feat.device());
   grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
   other_feat = unit_stride_last(other_feat);
@@ -169,6 +171,17 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
     at::Tensor workspace = at::empty({slots, row_heads, dim}, options.dtype(accum));
     launch_grad_segment(args, plan_args, grad.data_ptr(), workspace.data_ptr(), scalar_kind(dtype), stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return grad.view(row_feat.sizes());
+  }
+  if (rows_sorted) {
+    const int64_t chunk_edges = sorted_chunk_edges(args, scalar_kind(dtype));
+    at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
+    C10_CUDA_CHECK(cudaMemsetAsync(grad.data_ptr(), 0, grad.nbytes(), stream));
+    at::Tensor workspace = at::empty({sorted_workspace_slots(args, chunk_edges), row_heads, dim},
+                                     options.dtype(half ? at::kFloat : dtype));
+    launch_grad_sorted(args, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),
+                       index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad.view(row_feat.sizes());
   }

@@ -65,4 +65,14 @@ void launch_grad_atomic(const GradArgs& args, void* grad_acc, ScalarKind scalar,
 void launch_grad_segment(const GradArgs& args, const PlanArgs& plan, void* grad, void* workspace,
                          ScalarKind scalar, cudaStream_t stream);
 
+// The same gradient over edges sorted by row (row_idx non-decreasing; out-of-range rows are
+// skipped), without atomics: each run of a row is summed in registers and written to grad (scalar
+// type, zeroed beforehand for rows without edges); runs cut by chunk boundaries go through
+// workspace (sorted_workspace_slots slots of the accumulation type) and are summed in chunk order,
+// so the result is bitwise reproducible. sorted_chunk_edges sizes the chunks.
+int64_t sorted_chunk_edges(const GradArgs& args, ScalarKind scalar);
+int64_t sorted_workspace_slots(const GradArgs& args, int64_t chunk_edges);
+void launch_grad_sorted(const GradArgs& args, void* grad, void* workspace, int64_t chunk_edges, ScalarKind scalar,
+                        IndexKind row_index, IndexKind other_index, cudaStream_t stream);
+
 }  // namespace edgedot
