@@ -173,36 +173,42 @@ def test_half_gradients_of_large_graphs(dtype, sort_large_gradients):
         assert_accurate(gr, lo, w, dtype, name)
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-def test_large_graph_sorted_on_one_side(deterministic, sort_large_gradients, monkeypatch):
+@pytest.mark.parametrize("dtype, deterministic", [(torch.float32, False), (torch.float32, True),
+                                                  (torch.bfloat16, False)], ids=["float32", "float32-det", "bf16"])
+def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradients, monkeypatch):
     """src_idx sorted, dst_idx random, >= SORT_MIN_EDGES edges: the sorted side is reduced as
-    given, the other is sorted per call; both without atomics, so bitwise reproducible."""
+    given, the other is sorted per call. Deterministic mode and half types then reduce without
+    atomics (bitwise reproducible); float32 in the default mode takes the atomic kernel."""
     from edgedot import ops
     from edgedot.ops import SORT_MIN_EDGES
-    from utils import edgedot_grads
+    from utils import edgedot_grads, scatter_grads
 
     sorted_sides = []
     sort_keys = ops._sort_keys
     monkeypatch.setattr(ops, "_sort_keys", lambda idx, rows: sorted_sides.append(rows) or sort_keys(idx, rows))
     g = gen(21)
     num_src, num_dst, num_edges, dim = 30_000, 20_000, SORT_MIN_EDGES + 77, 40
-    src = rand_feat((num_src, dim), torch.float32, "cuda", g)
-    dst = rand_feat((num_dst, dim), torch.float32, "cuda", g)
+    src = rand_feat((num_src, dim), dtype, "cuda", g)
+    dst = rand_feat((num_dst, dim), dtype, "cuda", g)
     src_idx = torch.sort(skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={11: 5 * PIECE_LEN}))[0]
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
-    grad_out = rand_feat((num_edges,), torch.float32, "cuda", g)
+    grad_out = rand_feat((num_edges,), dtype, "cuda", g)
     runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic) for _ in range(2)]
     assert sorted_sides == [num_dst, num_dst], "only dst_idx should be sorted, once per backward"
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    atomic_free = deterministic or dtype != torch.float32
+    if atomic_free:
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
-    lowp = reference_grads(src, dst, src_idx, dst_idx, grad_out)
-    for gr, w, lo, name in zip(runs[0], want, lowp, ("grad_src", "grad_dst")):
-        assert_accurate(gr, lo, w, torch.float32, name)
+    yardstick = (reference_grads if atomic_free else scatter_grads)(src, dst, src_idx, dst_idx, grad_out)
+    for gr, w, lo, name in zip(runs[0], want, yardstick, ("grad_src", "grad_dst")):
+        assert_accurate(gr, lo, w, dtype, name)
 
 
-def test_large_graph_unchecked_out_of_range_edges_add_nothing(sort_large_gradients):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_large_graph_unchecked_out_of_range_edges_add_nothing(deterministic, sort_large_gradients):
     """check_indices=False with out-of-range indices on a graph the backward sorts per call:
-    those edges contribute to no row (sorting must not wrap them onto real rows)."""
+    those edges contribute to no row (sorting must not wrap them onto real rows), with the
+    atomic kernel and with the sorted reduction."""
     from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
@@ -217,7 +223,7 @@ def test_large_graph_unchecked_out_of_range_edges_add_nothing(sort_large_gradien
     src_idx[bad[300:600]] = num_src + 2**32  # wraps onto row 2 if cast to int32 unclamped
     dst_idx[bad[600:]] = num_dst
     grad_out = rand_feat((num_edges,), torch.float64, "cuda", g)
-    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False)
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False, deterministic=deterministic)
     keep = torch.ones(num_edges, dtype=torch.bool, device="cuda")
     keep[bad] = False
     want = reference_grads(src, dst, src_idx[keep], dst_idx[keep], grad_out[keep], torch.float64)
