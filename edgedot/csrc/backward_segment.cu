@@ -3,23 +3,6 @@
 
 namespace edgedot {
 
-// Writes a lane's slice of a row; S is the gradient's type or, for workspace slots, the
-// accumulation type (for which from_accum is the identity).
-template <typename S, typename A, int VEC>
-__device__ __forceinline__ void store_row(S* row, const A (&acc)[kVectorsPerLane][VEC], int64_t base, int group,
-                                          int64_t vectors) {
-#pragma unroll
-  for (int u = 0; u < kVectorsPerLane; ++u) {
-    const int64_t v = base + static_cast<int64_t>(u) * group;
-    if (v < vectors) {
-      Vec<S, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(static_cast<accum_t<S>>(acc[u][j]));
-      *reinterpret_cast<Vec<S, VEC>*>(row + v * VEC) = out;
-    }
-  }
-}
-
 // A group owns a (piece, row head) unit: it sums g * other_row over the piece's edges in sorted
 // order and writes the row once, or parks the partial sum in the piece's workspace slot when the
 // row was split.
@@ -60,9 +43,9 @@ grad_segment_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, accum_t<T>* __
         }
       }
       if (slot < 0) {
-        store_row<T>(grad + (row * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+        store_slice<T>(grad + (row * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
       } else {
-        store_row<A>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+        store_slice<A>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
       }
     }
   }
@@ -75,7 +58,6 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kBlockThreads)
 combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace,
                       int group) {
-  using A = accum_t<T>;
   const int64_t vectors = a.dim / VEC;
   const int64_t units = a.num_rows * a.row_heads;
   const int lane = threadIdx.x & (group - 1);
@@ -91,18 +73,9 @@ combine_pieces_kernel(GradArgs a, PlanArgs p, T* __restrict__ grad, const accum_
     for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
       double acc[kVectorsPerLane][VEC] = {};
       for (int64_t k = 0; k < pieces; ++k) {
-        const A* part = workspace + ((first_slot + k) * a.row_heads + row_head) * a.dim;
-#pragma unroll
-        for (int u = 0; u < kVectorsPerLane; ++u) {
-          const int64_t v = base + static_cast<int64_t>(u) * group;
-          if (v < vectors) {
-            const Vec<A, VEC> x = load_vec<A, VEC>(part + v * VEC);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[u][j] += static_cast<double>(x.v[j]);
-          }
-        }
+        add_slice(acc, workspace + ((first_slot + k) * a.row_heads + row_head) * a.dim, base, group, vectors);
       }
-      store_row<T>(grad + (row * a.row_heads + row_head) * a.dim, acc, base, group, vectors);
+      store_slice<T>(grad + (row * a.row_heads + row_head) * a.dim, acc, base, group, vectors);
     }
   }
 }

@@ -12,8 +12,9 @@ namespace edgedot {
 constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
 constexpr int64_t kMinChunkEdges = 8;
 constexpr int64_t kMaxChunkEdges = 256;
-// Each group keeps one edge in flight, so residency is the memory parallelism: at most 80
-// registers (3 blocks of 256 threads per SM) instead of the 150 the widest rows would take.
+// Each group keeps one edge in flight, so residency is the memory parallelism: at most 128
+// registers (2 blocks of 256 threads per SM) instead of the 150 the widest rows would take; a cap
+// of 80 (3 blocks) spilled.
 constexpr int kSortedBlocksPerSM = 2;
 
 // Row of position i, with every out-of-range index folded onto -1 or num_rows: sorted stays
@@ -22,21 +23,6 @@ template <typename Idx>
 __device__ __forceinline__ int64_t row_at(const Idx* rows, int64_t i, int64_t num_rows) {
   const int64_t r = static_cast<int64_t>(rows[i]);
   return r < 0 ? -1 : (r > num_rows ? num_rows : r);
-}
-
-template <typename S, typename A, int VEC>
-__device__ __forceinline__ void store_slice(S* row, const A (&acc)[kVectorsPerLane][VEC], int64_t base, int group,
-                                            int64_t vectors) {
-#pragma unroll
-  for (int u = 0; u < kVectorsPerLane; ++u) {
-    const int64_t v = base + static_cast<int64_t>(u) * group;
-    if (v < vectors) {
-      Vec<S, VEC> out;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(static_cast<accum_t<S>>(acc[u][j]));
-      *reinterpret_cast<Vec<S, VEC>*>(row + v * VEC) = out;
-    }
-  }
 }
 
 // Workspace slots of chunk c: 2c holds its first run when that run continues the previous
@@ -110,7 +96,6 @@ template <typename T, int VEC, typename RowIdx>
 __global__ void __launch_bounds__(kBlockThreads)
 combine_chunks_kernel(GradArgs a, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace, int group,
                       int64_t chunk_edges) {
-  using A = accum_t<T>;
   const RowIdx* __restrict__ row_idx = static_cast<const RowIdx*>(a.row_idx);
   const int64_t vectors = a.dim / VEC;
   const int64_t chunks = (a.num_edges + chunk_edges - 1) / chunk_edges;
@@ -134,16 +119,7 @@ combine_chunks_kernel(GradArgs a, T* __restrict__ grad, const accum_t<T>* __rest
     for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
       double acc[kVectorsPerLane][VEC] = {};
       auto add_slot = [&](int64_t slot) {
-        const A* part = workspace + (slot * a.row_heads + row_head) * a.dim;
-#pragma unroll
-        for (int u = 0; u < kVectorsPerLane; ++u) {
-          const int64_t v = base + static_cast<int64_t>(u) * group;
-          if (v < vectors) {
-            const Vec<A, VEC> x = load_vec<A, VEC>(part + v * VEC);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[u][j] += static_cast<double>(x.v[j]);
-          }
-        }
+        add_slice(acc, workspace + (slot * a.row_heads + row_head) * a.dim, base, group, vectors);
       };
       add_slot(2 * chunk + 1);
       for (int64_t next = chunk + 1; next < chunks && row_at(row_idx, next * chunk_edges, a.num_rows) == row; ++next) {
@@ -170,7 +146,8 @@ int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t accum_bytes = scalar == ScalarKind::f64 ? 8 : 4;
   const int64_t slot_bytes = std::max<int64_t>(1, 2 * a.row_heads * a.dim * accum_bytes);
   const int64_t max_chunks = std::max<int64_t>(1, kWorkspaceBytes / slot_bytes);
-  // About four chunks per resident group of 8 lanes, so that every SM has work on small graphs.
+  // About four chunks per 8-lane group a full SM could hold, so that every SM has work on small
+  // graphs; at most kMaxChunkEdges, so that no group walks far alone.
   const int64_t resident_groups = static_cast<int64_t>(sm_count()) * 2048 / 8;
   const int64_t balanced = std::clamp<int64_t>(a.num_edges / (4 * resident_groups), kMinChunkEdges, kMaxChunkEdges);
   return std::max(balanced, (a.num_edges + max_chunks - 1) / max_chunks);
