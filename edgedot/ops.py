@@ -1,8 +1,8 @@
 """The ``edgedot`` custom operators: schemas, per-device implementations, fake tensors, autograd.
 
 ``edgedot::edge_dot``       forward; the plans ride along only for the backward.
-``edgedot::edge_dot_grad``  gradient for one side ("rows"), given the other side's features; with
-                            ``rows_sorted`` the caller promises ``row_idx`` is non-decreasing.
+``edgedot::edge_dot_grad``  gradient for one side ("rows"), given the other side's features, by
+                            the reduction named in ``reduction`` (REDUCTIONS).
 
 Both are registered with ``torch.library`` so ``torch.compile(fullgraph=True)`` traces through
 them and ``torch.library.opcheck`` holds.
@@ -27,7 +27,13 @@ _lib.define(
     "Tensor? src_plan, Tensor? dst_plan, bool deterministic, bool check_indices) -> Tensor")
 _lib.define(
     "edge_dot_grad(Tensor grad_out, Tensor row_feat, Tensor other_feat, Tensor row_idx, "
-    "Tensor other_idx, Tensor? plan, bool rows_sorted) -> Tensor")
+    "Tensor other_idx, Tensor? plan, str reduction) -> Tensor")
+
+# Reductions of edge_dot_grad without a plan (a plan overrides them):
+#   "atomic"   edges as given, atomics (the rounding varies from call to call);
+#   "sorted"   the caller promises row_idx is non-decreasing; bitwise reproducible;
+#   "grouped"  the op groups the edges by row itself (the rounding varies from call to call).
+REDUCTIONS = ("atomic", "sorted", "grouped")
 
 edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
@@ -70,11 +76,11 @@ def forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices):
     return out
 
 
-def grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
+def grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
     """The CUDA gradient of one side behind both the custom op and the eager fast path."""
     if plan is not None:
         check_plan_layout(plan, row_idx.shape[0], row_feat.shape[0], row_feat.device)
-    return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted)
+    return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
 
 
 @torch.library.impl(_lib, "edge_dot", "CUDA")
@@ -88,9 +94,15 @@ def _edge_dot_fake(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, det
     return src_feat.new_empty(output_shape(src_feat, dst_feat, src_idx.shape[0]))
 
 
+def _check_reduction(reduction):
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"edgedot: unknown reduction {reduction!r} (atomic, sorted or grouped)")
+
+
 @torch.library.impl(_lib, "edge_dot_grad", "CPU")
-def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
+def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
     # index_add_ on the CPU adds in edge order, so the CPU gradient is deterministic without a plan.
+    _check_reduction(reduction)
     return _cpu.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
 
 
@@ -98,7 +110,8 @@ torch.library.impl(_lib, "edge_dot_grad", "CUDA")(grad_cuda)
 
 
 @torch.library.register_fake("edgedot::edge_dot_grad")
-def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan, rows_sorted):
+def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
+    _check_reduction(reduction)
     return row_feat.new_empty(row_feat.shape)
 
 
@@ -109,11 +122,10 @@ def _setup_context(ctx, inputs, output):
 
 
 # Without a plan, a gradient of at least this many edges whose atomic buffer exceeds half the L2
-# cache is reduced over edges sorted by row, unless its index is known to be sorted already: the
-# radix sort costs less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of
-# 128 floats, 4.8 against 7.7 ms; 2M edges, 100k rows of 1000 floats, 2.6 against 7.1 ms).
-# Atomics into a buffer that fits L2 stay faster (100k rows of 64 floats: 0.26 against 0.35
-# ms). NOTES.md.
+# cache is reduced over edges grouped by row, unless its index is known to be sorted already:
+# grouping costs less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of 128
+# floats, 4.8 against 7.7 ms with a radix sort). Atomics into a buffer that fits L2 stay faster
+# (100k rows of 64 floats: 0.26 against 0.35 ms). NOTES.md.
 SORT_MIN_EDGES = 1 << 20
 HALF_TYPES = (torch.float16, torch.bfloat16)
 
@@ -154,28 +166,25 @@ def _grad_side(grad_rows, grad_out, row_feat, other_feat, row_idx, other_idx, pl
     """One side's gradient, by the fastest path its mode allows:
 
     - a given plan: the segment reduction over the plan's pieces;
-    - deterministic mode, or a large graph whose gradient does not fit in L2: edges sorted by
-      row (stably, so each row keeps the edge order), unless ``row_idx`` is known to be sorted
-      already (learned on large graphs only);
-    - otherwise the edges as given.
-
-    Sorted edges then go to the atomic-free sorted reduction in deterministic mode and for half
-    types, whose atomics would need a float32 buffer and a conversion (H200, 2**24 edges, bf16:
-    2.0 against 3.1 ms on a sorted side). Float32 and float64 in the default mode take the atomic
-    kernel, which sums runs of one row in registers first, so sorted edges need few atomics; it
-    measured as fast or up to 20% faster than the sorted reduction.
+    - on large graphs, an index known to be sorted (learned once per tensor): the sorted
+      reduction over the edges as given;
+    - deterministic mode: a stable sort by row (each row keeps the edge order), then the sorted
+      reduction;
+    - a large graph whose gradient does not fit in L2: edges grouped by row in the op (a counting
+      sort, no comparison sort), then the sorted reduction;
+    - otherwise atomics over the edges as given (runs of one row summed in registers first).
     """
     if plan is not None or not row_idx.is_cuda:
-        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, False)
-    atomic_free = deterministic or row_feat.dtype in HALF_TYPES
+        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, "atomic")
     large = row_idx.shape[0] >= SORT_MIN_EDGES
     if large and _is_sorted(row_idx):
-        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, atomic_free)
-    if deterministic or (large and _atomics_miss_l2(row_feat)):
+        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, "sorted")
+    if deterministic:
         sorted_rows, order = torch.sort(_sort_keys(row_idx, row_feat.shape[0]), stable=True)
         return grad_rows(grad_out.index_select(0, order), row_feat, other_feat, sorted_rows,
-                         other_idx.index_select(0, order), None, atomic_free)
-    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, False)
+                         other_idx.index_select(0, order), None, "sorted")
+    reduction = "grouped" if large and _atomics_miss_l2(row_feat) else "atomic"
+    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
 
 
 def _backward_with(grad_rows, ctx, grad_out):

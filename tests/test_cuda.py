@@ -150,10 +150,26 @@ def sort_large_gradients(monkeypatch):
     monkeypatch.setattr(ops, "_l2_bytes", lambda device_index: 0)
 
 
+@pytest.fixture
+def reductions(monkeypatch):
+    """The reduction each eager CUDA gradient call takes, as (rows, reduction) pairs."""
+    from edgedot import ops
+    seen = []
+    grad_cuda = ops.grad_cuda
+
+    def spy(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
+        seen.append((row_feat.shape[0], reduction))
+        return grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
+    monkeypatch.setattr(ops, "grad_cuda", spy)
+    return seen
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_gradients_of_large_graphs(dtype, sort_large_gradients):
-    """Default mode on >= SORT_MIN_EDGES edges in random order sorts them per call, then reduces
-    each row without atomics: accurate, and bitwise identical run after run."""
+def test_half_gradients_of_large_graphs(dtype, deterministic, sort_large_gradients, reductions):
+    """>= SORT_MIN_EDGES edges in random order are grouped by row per call (default mode) or
+    sorted stably (deterministic mode), then reduced without atomics: accurate, and in
+    deterministic mode bitwise identical run after run."""
     from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
@@ -164,28 +180,28 @@ def test_half_gradients_of_large_graphs(dtype, sort_large_gradients):
     src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={7: 20 * PIECE_LEN})
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges, 4), dtype, "cuda", g)
-    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out)
-    again = edgedot_grads(src, dst, src_idx, dst_idx, grad_out)
-    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), "sorted reduction is not reproducible"
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
+    again = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
+    expected = "sorted" if deterministic else "grouped"
+    assert reductions == [(num_src, expected), (num_dst, expected)] * 2
+    if deterministic:
+        assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), "sorted reduction is not reproducible"
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
     lowp = reference_grads(src, dst, src_idx, dst_idx, grad_out)
-    for gr, w, lo, name in zip(got, want, lowp, ("grad_src", "grad_dst")):
-        assert_accurate(gr, lo, w, dtype, name)
+    for run in (got, again):
+        for gr, w, lo, name in zip(run, want, lowp, ("grad_src", "grad_dst")):
+            assert_accurate(gr, lo, w, dtype, name)
 
 
 @pytest.mark.parametrize("dtype, deterministic", [(torch.float32, False), (torch.float32, True),
                                                   (torch.bfloat16, False)], ids=["float32", "float32-det", "bf16"])
-def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradients, monkeypatch):
+def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradients, reductions):
     """src_idx sorted, dst_idx random, >= SORT_MIN_EDGES edges: the sorted side is reduced as
-    given, the other is sorted per call. Deterministic mode and half types then reduce without
-    atomics (bitwise reproducible); float32 in the default mode takes the atomic kernel."""
-    from edgedot import ops
-    from edgedot.ops import SORT_MIN_EDGES
+    given by the sorted reduction; the other is sorted stably (deterministic mode, bitwise
+    reproducible) or grouped by row (default mode) per call."""
     from utils import edgedot_grads, scatter_grads
+    from edgedot.ops import SORT_MIN_EDGES
 
-    sorted_sides = []
-    sort_keys = ops._sort_keys
-    monkeypatch.setattr(ops, "_sort_keys", lambda idx, rows: sorted_sides.append(rows) or sort_keys(idx, rows))
     g = gen(21)
     num_src, num_dst, num_edges, dim = 30_000, 20_000, SORT_MIN_EDGES + 77, 40
     src = rand_feat((num_src, dim), dtype, "cuda", g)
@@ -194,21 +210,23 @@ def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradien
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges,), dtype, "cuda", g)
     runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic) for _ in range(2)]
-    assert sorted_sides == [num_dst, num_dst], "only dst_idx should be sorted, once per backward"
-    atomic_free = deterministic or dtype != torch.float32
-    if atomic_free:
+    assert reductions == [(num_src, "sorted"), (num_dst, "sorted" if deterministic else "grouped")] * 2
+    if deterministic:
         assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
-    yardstick = (reference_grads if atomic_free else scatter_grads)(src, dst, src_idx, dst_idx, grad_out)
-    for gr, w, lo, name in zip(runs[0], want, yardstick, ("grad_src", "grad_dst")):
-        assert_accurate(gr, lo, w, dtype, name)
+    # Float32 rows summed in a varying order are held to a sum in edge order.
+    in_edge_order = dtype == torch.float32 and not deterministic
+    yardstick = (scatter_grads if in_edge_order else reference_grads)(src, dst, src_idx, dst_idx, grad_out)
+    for run in runs:
+        for gr, w, lo, name in zip(run, want, yardstick, ("grad_src", "grad_dst")):
+            assert_accurate(gr, lo, w, dtype, name)
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-def test_large_graph_unchecked_out_of_range_edges_add_nothing(deterministic, sort_large_gradients):
-    """check_indices=False with out-of-range indices on a graph the backward sorts per call:
-    those edges contribute to no row (sorting must not wrap them onto real rows), with the
-    atomic kernel and with the sorted reduction."""
+@pytest.mark.parametrize("order", ["random", "sorted", "random-deterministic"])
+def test_large_graph_unchecked_out_of_range_edges_add_nothing(order, sort_large_gradients, reductions):
+    """check_indices=False with out-of-range indices on a graph of >= SORT_MIN_EDGES edges: those
+    edges contribute to no row through every reduction (grouped, sorted as given, sorted per
+    call), and no cast wraps a huge int64 index onto a real row."""
     from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
@@ -220,12 +238,46 @@ def test_large_graph_unchecked_out_of_range_edges_add_nothing(deterministic, sor
     dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
     bad = torch.randperm(num_edges, generator=g)[:1000].cuda()
     src_idx[bad[:300]] = -1
-    src_idx[bad[300:600]] = num_src + 2**32  # wraps onto row 2 if cast to int32 unclamped
+    src_idx[bad[300:600]] = num_src + 2**32  # row 2 if cast to int32
     dst_idx[bad[600:]] = num_dst
-    grad_out = rand_feat((num_edges,), torch.float64, "cuda", g)
-    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False, deterministic=deterministic)
     keep = torch.ones(num_edges, dtype=torch.bool, device="cuda")
     keep[bad] = False
+    if order == "sorted":
+        src_idx, perm = torch.sort(src_idx)
+        dst_idx, keep = dst_idx[perm], keep[perm]
+    grad_out = rand_feat((num_edges,), torch.float64, "cuda", g)
+    got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False,
+                        deterministic=order == "random-deterministic")
+    expected = {"random": "grouped", "sorted": "sorted", "random-deterministic": "sorted"}[order]
+    assert reductions[0] == (num_src, expected)
     want = reference_grads(src, dst, src_idx[keep], dst_idx[keep], grad_out[keep], torch.float64)
     for gr, w, name in zip(got, want, ("grad_src", "grad_dst")):
         assert rel_error(gr, w) < 1e-12, name
+
+
+@pytest.mark.parametrize("reduction", ["sorted", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rows_without_edges_are_zero(dtype, reduction):
+    """The sorted reduction writes every row itself (no memset): rows before, between and after
+    the rows with edges come out as exact zeros, even in memory that held NaN."""
+    from edgedot.ops import edge_dot_grad_op
+    from utils import fill_cuda_cache_with_nan
+
+    g = gen(23)
+    num_rows, num_other, dim, heads = 1000, 50, 24, 2
+    rows = torch.cat([torch.randint(100, 200, (3000,), generator=g), torch.randint(500, 503, (2000,), generator=g),
+                      torch.tensor([998])])
+    row_idx = (torch.sort(rows)[0] if reduction == "sorted" else rows).to(torch.int32).cuda()
+    other_idx = rand_index(num_other, row_idx.shape[0], torch.int64, "cuda", g)
+    row_feat = rand_feat((num_rows, heads, dim), dtype, "cuda", g)
+    other_feat = rand_feat((num_other, heads, dim), dtype, "cuda", g)
+    grad_out = rand_feat((row_idx.shape[0], heads), dtype, "cuda", g)
+    fill_cuda_cache_with_nan()
+    got = edge_dot_grad_op(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
+    empty = torch.ones(num_rows, dtype=torch.bool)
+    empty[rows.unique()] = False
+    assert torch.equal(got[empty.cuda()], torch.zeros_like(got[empty.cuda()]))
+    want = torch.zeros(num_rows, heads, dim, dtype=torch.float64, device="cuda")
+    want.index_add_(0, row_idx.long(), grad_out.double()[..., None] * other_feat.double()[other_idx])
+    lowp = torch.zeros_like(row_feat).index_add_(0, row_idx.long(), grad_out[..., None] * other_feat[other_idx])
+    assert_accurate(got, lowp, want, dtype, "grad")

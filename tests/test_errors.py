@@ -146,6 +146,16 @@ def test_plan_of_wrong_graph_size(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_unknown_gradient_reduction(device):
+    g = gen(5)
+    row, other = rand_feat((6, 4), device=device, g=g), rand_feat((5, 4), device=device, g=g)
+    row_idx, other_idx = rand_index(6, 9, device=device, g=g), rand_index(5, 9, device=device, g=g)
+    grad_out = rand_feat((9,), device=device, g=g)
+    with pytest.raises(ValueError, match="unknown reduction 'fastest'"):
+        torch.ops.edgedot.edge_dot_grad(grad_out, row, other, row_idx, other_idx, None, "fastest")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_edge_plan_bad_inputs(device):
     a = _good(device)
     s, d = a["src_idx"], a["dst_idx"]

@@ -67,7 +67,8 @@ def test_opcheck_edge_dot(device, case):
 @pytest.mark.parametrize("dtype, shape, mode", [
     (torch.float32, "2d", "atomic"), (torch.float32, "broadcast", "plan"), (torch.float16, "mixed_2d_3d", "plan"),
     (torch.float64, "heads", "atomic"), (torch.float32, "2d", "sorted"), (torch.bfloat16, "broadcast", "sorted"),
-    (torch.float64, "heads", "sorted")], ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else str(v))
+    (torch.float64, "heads", "sorted"), (torch.float64, "2d", "grouped"), (torch.float64, "broadcast", "grouped")],
+    ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else str(v))
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_edge_dot_grad(device, dtype, shape, mode):
     src, dst, src_idx, dst_idx = _inputs(shape, dtype, device, False)
@@ -76,13 +77,13 @@ def test_opcheck_edge_dot_grad(device, dtype, shape, mode):
     plan = edgedot.EdgePlan(src_idx, dst_idx, src.shape[0], dst.shape[0]) if mode == "plan" else None
     for row, other, row_idx, other_idx, side_plan in (
             (src, dst, src_idx, dst_idx, plan and plan.src), (dst, src, dst_idx, src_idx, plan and plan.dst)):
-        rows_sorted = mode == "sorted"
+        reduction = "atomic" if mode == "plan" else mode
         edge_grad = grad_out
-        if rows_sorted:  # the op's contract: row_idx non-decreasing, the rest in the same order
+        if mode == "sorted":  # the op's contract: row_idx non-decreasing, the rest in the same order
             row_idx, order = torch.sort(row_idx, stable=True)
             other_idx, edge_grad = other_idx[order], grad_out[order]
-        torch.library.opcheck(GRAD_OP, (edge_grad, row, other, row_idx, other_idx, side_plan, rows_sorted))
-        got = GRAD_OP(edge_grad, row, other, row_idx, other_idx, side_plan, rows_sorted)
+        torch.library.opcheck(GRAD_OP, (edge_grad, row, other, row_idx, other_idx, side_plan, reduction))
+        got = GRAD_OP(edge_grad, row, other, row_idx, other_idx, side_plan, reduction)
         assert got.shape == row.shape and got.dtype == dtype
         # The op computes d(sum(grad_out * out)) / d(row): compare with the reference's autograd.
         low = reference_grads(src, dst, src_idx, dst_idx, grad_out)

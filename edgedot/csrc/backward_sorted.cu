@@ -12,10 +12,12 @@ namespace edgedot {
 constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
 constexpr int64_t kMinChunkEdges = 8;
 constexpr int64_t kMaxChunkEdges = 256;
-// Each group keeps one edge in flight, so residency is the memory parallelism: at most 128
-// registers (2 blocks of 256 threads per SM) instead of the 150 the widest rows would take; a cap
-// of 80 (3 blocks) spilled.
-constexpr int kSortedBlocksPerSM = 2;
+// Each lane carries one vector of the row and loads the next kItemsInFlight (edge, head) items'
+// indices, then their rows, before adding any: the gather is latency-bound, and one item in
+// flight per group left the kernel at 75% of the forward's bandwidth. At most 64 registers
+// (four blocks of 256 threads per SM).
+constexpr int kItemsInFlight = 4;
+constexpr int kSortedBlocksPerSM = 3;
 
 // Row of position i, with every out-of-range index folded onto -1 or num_rows: sorted stays
 // sorted, and those runs belong to no row.
@@ -25,8 +27,17 @@ __device__ __forceinline__ int64_t row_at(const Idx* rows, int64_t i, int64_t nu
   return r < 0 ? -1 : (r > num_rows ? num_rows : r);
 }
 
+// Lanes per (chunk, head) unit: one vector each, up to a warp; wider rows take several passes.
+inline int sorted_group_size(int64_t vectors) {
+  int g = 1;
+  while (g < 32 && g < vectors) g *= 2;
+  return g;
+}
+
 // Workspace slots of chunk c: 2c holds its first run when that run continues the previous
 // chunk's row, 2c + 1 its last run when that run starts the row and the next chunk continues it.
+// Rows without edges are zeroed by the chunk holding the first edge after them (the last chunk
+// zeroes the rows after its last run), so the gradient needs no memset.
 template <typename T, int VEC, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kBlockThreads, kSortedBlocksPerSM)
 grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ workspace, int group,
@@ -52,40 +63,77 @@ grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ wo
     const int64_t first_head = a.row_heads == 1 ? 0 : row_head;
     const int64_t begin = chunk * chunk_edges;
     const int64_t end = min(a.num_edges, begin + chunk_edges);
-    const int64_t row_before = begin > 0 ? row_at(row_idx, begin - 1, a.num_rows) : -2;
-    const int64_t row_after = end < a.num_edges ? row_at(row_idx, end, a.num_rows) : -2;
-    for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
-      RowSlice<T, VEC> slice;
-      slice.zero();
-      int64_t current = row_at(row_idx, begin, a.num_rows);
+    // Rows are compared as stored: out-of-range ones sort below 0 or from num_rows on, and no
+    // flush or zeroing touches them.
+    const int64_t row_before = begin > 0 ? static_cast<int64_t>(row_idx[begin - 1]) : -1;
+    const int64_t row_after = end < a.num_edges ? static_cast<int64_t>(row_idx[end]) : -2;
+    T* grad_head = grad + row_head * a.dim;
+    for (int64_t v = lane; v < vectors; v += group) {
+      auto zero_rows = [&](int64_t lo, int64_t hi) {
+        Vec<T, VEC> zero;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) zero.v[j] = from_accum<T>(A(0));
+        for (int64_t r = max(lo, int64_t{0}); r < min(hi, a.num_rows); ++r) {
+          *reinterpret_cast<Vec<T, VEC>*>(grad_head + r * a.row_heads * a.dim + v * VEC) = zero;
+        }
+      };
+      A acc[VEC] = {};
+      RowIdx current = row_idx[begin];
       bool first_run = true;
       auto flush = [&](bool last_run) {
         if (!in_range(current, a.num_rows)) return;
         const bool continues = first_run && current == row_before;
         if (continues || (last_run && current == row_after)) {
           const int64_t slot = 2 * chunk + (continues ? 0 : 1);
-          store_slice<A>(workspace + (slot * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+          store_vec(workspace + (slot * a.row_heads + row_head) * a.dim + v * VEC, acc);
         } else {
-          store_slice<T>(grad + (current * a.row_heads + row_head) * a.dim, slice.acc, base, group, vectors);
+          store_vec(grad_head + static_cast<int64_t>(current) * a.row_heads * a.dim + v * VEC, acc);
         }
       };
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = row_at(row_idx, i, a.num_rows);
-        if (r != current) {
-          flush(false);
-          slice.zero();
-          current = r;
-          first_run = false;
+      zero_rows(row_before + 1, current);
+      const T* other_v = other + first_head * a.other.head_stride + v * VEC;
+      const T* grad_out_h = grad_out + first_head;
+      // Items (edge e, head h of the edge), edge-major; a broadcast row head walks every head.
+      int64_t e = begin;
+      int64_t h = 0;
+      while (e < end) {
+        RowIdx rows[kItemsInFlight];
+        bool adds[kItemsInFlight];
+        A g[kItemsInFlight];
+        Vec<T, VEC> x[kItemsInFlight];
+#pragma unroll
+        for (int k = 0; k < kItemsInFlight; ++k) {
+          adds[k] = false;
+          rows[k] = current;
+          if (e < end) {
+            rows[k] = row_idx[e];
+            const OtherIdx o = other_idx[e];
+            adds[k] = in_range(rows[k], a.num_rows) && in_range(o, a.other.num_rows);
+            if (adds[k]) {
+              g[k] = to_accum(grad_out_h[e * a.heads + h]);
+              x[k] = load_vec<T, VEC>(other_v + static_cast<int64_t>(o) * a.other.row_stride + h * a.other.head_stride);
+            }
+            if (++h == heads_per_row_head) {
+              h = 0;
+              ++e;
+            }
+          }
         }
-        const OtherIdx o = other_idx[i];
-        if (!in_range(r, a.num_rows) || !in_range(o, a.other.num_rows)) continue;
-        for (int64_t h = first_head; h < first_head + heads_per_row_head; ++h) {
-          const A g = to_accum(grad_out[i * a.heads + h]);
-          slice.add_scaled(g, other + static_cast<int64_t>(o) * a.other.row_stride + h * a.other.head_stride, base,
-                           group, vectors);
+#pragma unroll
+        for (int k = 0; k < kItemsInFlight; ++k) {
+          if (rows[k] != current) {
+            flush(false);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j] = 0;
+            zero_rows(static_cast<int64_t>(current) + 1, rows[k]);
+            current = rows[k];
+            first_run = false;
+          }
+          if (adds[k]) add_scaled_vec(acc, g[k], x[k]);
         }
       }
       flush(true);
+      if (end == a.num_edges) zero_rows(static_cast<int64_t>(current) + 1, a.num_rows);
     }
   }
 }
@@ -133,22 +181,31 @@ combine_chunks_kernel(GradArgs a, T* __restrict__ grad, const accum_t<T>* __rest
 template <typename T, int VEC, typename RowIdx, typename OtherIdx>
 void launch(const GradArgs& a, T* grad, void* workspace, int64_t chunk_edges, cudaStream_t stream) {
   using A = accum_t<T>;
-  const int group = group_size(a.dim / VEC);
   const int64_t units = (a.num_edges + chunk_edges - 1) / chunk_edges * a.row_heads;
   auto* w = static_cast<A*>(workspace);
+  const int reduce_group = sorted_group_size(a.dim / VEC);
   auto reduce = grad_sorted_kernel<T, VEC, RowIdx, OtherIdx>;
-  reduce<<<grid_blocks(reduce, units * group), kBlockThreads, 0, stream>>>(a, grad, w, group, chunk_edges);
+  reduce<<<grid_blocks(reduce, units * reduce_group), kBlockThreads, 0, stream>>>(a, grad, w, reduce_group,
+                                                                                chunk_edges);
+  const int combine_group = group_size(a.dim / VEC);
   auto combine = combine_chunks_kernel<T, VEC, RowIdx>;
-  combine<<<grid_blocks(combine, units * group), kBlockThreads, 0, stream>>>(a, grad, w, group, chunk_edges);
+  combine<<<grid_blocks(combine, units * combine_group), kBlockThreads, 0, stream>>>(a, grad, w, combine_group,
+                                                                                   chunk_edges);
 }
 
 int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t accum_bytes = scalar == ScalarKind::f64 ? 8 : 4;
   const int64_t slot_bytes = std::max<int64_t>(1, 2 * a.row_heads * a.dim * accum_bytes);
   const int64_t max_chunks = std::max<int64_t>(1, kWorkspaceBytes / slot_bytes);
-  // About four chunks per 8-lane group a full SM could hold, so that every SM has work on small
-  // graphs; at most kMaxChunkEdges, so that no group walks far alone.
-  const int64_t resident_groups = static_cast<int64_t>(sm_count()) * 2048 / 8;
+  // About four chunks per group a full GPU holds, so that every SM has work on small graphs; at
+  // most kMaxChunkEdges, so that no group walks far alone.
+  int64_t vec = 1;
+  dispatch_scalar(scalar, [&](auto t) {
+    using T = decltype(t);
+    if (rows_vectorizable<T>(a.other, a.dim)) vec = wide_vec<T>();
+  });
+  const int64_t resident_groups =
+      static_cast<int64_t>(sm_count()) * kSortedBlocksPerSM * kBlockThreads / sorted_group_size(a.dim / vec);
   const int64_t balanced = std::clamp<int64_t>(a.num_edges / (4 * resident_groups), kMinChunkEdges, kMaxChunkEdges);
   return std::max(balanced, (a.num_edges + max_chunks - 1) / max_chunks);
 }

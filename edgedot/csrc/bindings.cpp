@@ -6,6 +6,9 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <limits>
+#include <string>
+#include <tuple>
 
 #include "edgedot.h"
 
@@ -124,10 +127,44 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
   return {out, kOk};
 }
 
-// One side's gradient: over the plan's pieces if one is given, else over row-sorted edges if
-// rows_sorted (row_idx non-decreasing), else with atomics in the given edge order.
+// Edges ordered so that row_idx is non-decreasing (a counting sort; see group_by_row.cu).
+// Returns the reordered grad_out, row_idx and other_idx.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_by_row(const at::Tensor& grad_out, at::Tensor row_idx,
+                                                            const at::Tensor& other_idx, int64_t num_rows,
+                                                            cudaStream_t stream) {
+  // The bucket of out-of-range rows, num_rows, must fit the index type.
+  if (row_idx.scalar_type() == at::kInt && num_rows > std::numeric_limits<int32_t>::max()) row_idx = row_idx.to(at::kLong);
+  const int64_t num_edges = row_idx.size(0);
+  const int64_t heads = grad_out.dim() == 2 ? grad_out.size(1) : 1;
+  at::Tensor ends = at::empty({num_rows + 1}, row_idx.options().dtype(at::kLong));
+  C10_CUDA_CHECK(cudaMemsetAsync(ends.data_ptr(), 0, ends.nbytes(), stream));
+  auto* ends_ptr = reinterpret_cast<unsigned long long*>(ends.data_ptr<int64_t>());
+  launch_count_rows(row_idx.data_ptr(), index_kind(row_idx, "row_idx"), num_edges, num_rows, ends_ptr, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  ends.cumsum_(0);
+  at::Tensor grad_grouped = at::empty_like(grad_out);
+  at::Tensor rows_grouped = at::empty_like(row_idx);
+  at::Tensor other_grouped = at::empty_like(other_idx);
+  const GroupArgs args{row_idx.data_ptr(),       other_idx.data_ptr(),     grad_out.data_ptr(),
+                       rows_grouped.data_ptr(),  other_grouped.data_ptr(), grad_grouped.data_ptr(),
+                       num_edges,                num_rows,                 heads};
+  launch_scatter_by_row(args, ends_ptr, scalar_kind(grad_out.scalar_type()), index_kind(row_idx, "row_idx"),
+                        index_kind(other_idx, "other_idx"), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {grad_grouped, rows_grouped, other_grouped};
+}
+
+// One side's gradient: over the plan's pieces if one is given, else by `reduction`:
+//   "atomic"   edges as given, atomics into the gradient;
+//   "sorted"   row_idx is non-decreasing: each row written once, bitwise reproducible;
+//   "grouped"  edges grouped by row here (group_by_row), then as "sorted"; the order of a row's
+//              edges, and so the rounding of its sum, varies from call to call.
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
-                     at::Tensor other_idx, c10::optional<at::Tensor> plan, bool rows_sorted) {
+                     at::Tensor other_idx, c10::optional<at::Tensor> plan, const std::string& reduction) {
+  const bool grouped = reduction == "grouped";
+  const bool sorted = grouped || reduction == "sorted";
+  TORCH_CHECK_VALUE(sorted || reduction == "atomic", "edgedot: unknown reduction '", reduction,
+                    "' (atomic, sorted or grouped)");
   const c10::cuda::CUDAGuard guard(row_feat.device());
   grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
   other_feat = unit_stride_last(other_feat);
@@ -174,10 +211,14 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad.view(row_feat.sizes());
   }
-  if (rows_sorted) {
+  if (sorted) {
+    if (grouped) std::tie(grad_out, row_idx, other_idx) = group_by_row(grad_out, row_idx, other_idx, num_rows, stream);
+    args.grad_out = grad_out.data_ptr();
+    args.row_idx = row_idx.data_ptr();
+    args.other_idx = other_idx.data_ptr();
     const int64_t chunk_edges = sorted_chunk_edges(args, scalar_kind(dtype));
+    // No memset: the kernel writes every row, rows without edges as zeros.
     at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
-    C10_CUDA_CHECK(cudaMemsetAsync(grad.data_ptr(), 0, grad.nbytes(), stream));
     at::Tensor workspace = at::empty({sorted_workspace_slots(args, chunk_edges), row_heads, dim},
                                      options.dtype(half ? at::kFloat : dtype));
     launch_grad_sorted(args, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),

@@ -51,6 +51,15 @@ __device__ __forceinline__ void store_slice(S* row, const A (&acc)[kVectorsPerLa
   }
 }
 
+// Writes one vector of accumulators as S (the gradient's type or the accumulation type).
+template <typename S, typename A, int VEC>
+__device__ __forceinline__ void store_vec(S* p, const A (&acc)[VEC]) {
+  Vec<S, VEC> out;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<S>(static_cast<accum_t<S>>(acc[j]));
+  *reinterpret_cast<Vec<S, VEC>*>(p) = out;
+}
+
 // acc += a lane's slice of a workspace row, in double: a hot row sums thousands of partial rows.
 template <typename A, int VEC>
 __device__ __forceinline__ void add_slice(double (&acc)[kVectorsPerLane][VEC], const A* part, int64_t base, int group,
