@@ -30,10 +30,11 @@ _lib.define(
     "Tensor other_idx, Tensor? plan, str reduction) -> Tensor")
 
 # Reductions of edge_dot_grad without a plan (a plan overrides them):
-#   "atomic"   edges as given, atomics (the rounding varies from call to call);
-#   "sorted"   the caller promises row_idx is non-decreasing; bitwise reproducible;
-#   "grouped"  the op groups the edges by row itself (the rounding varies from call to call).
-REDUCTIONS = ("atomic", "sorted", "grouped")
+#   "atomic"  edges as given, atomics (the rounding varies from call to call);
+#   "sorted"  the caller promises row_idx is non-decreasing; each row written once, bitwise
+#             reproducible;
+#   "sort"    the op sorts the edges by row (stable radix sort), then as "sorted".
+REDUCTIONS = ("atomic", "sorted", "sort")
 
 edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
@@ -96,7 +97,7 @@ def _edge_dot_fake(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, det
 
 def _check_reduction(reduction):
     if reduction not in REDUCTIONS:
-        raise ValueError(f"edgedot: unknown reduction {reduction!r} (atomic, sorted or grouped)")
+        raise ValueError(f"edgedot: unknown reduction {reduction!r} (atomic, sorted or sort)")
 
 
 @torch.library.impl(_lib, "edge_dot_grad", "CPU")
@@ -122,12 +123,10 @@ def _setup_context(ctx, inputs, output):
 
 
 # Without a plan, a gradient of at least this many edges whose atomic buffer exceeds half the L2
-# cache is reduced over edges grouped by row, unless its index is known to be sorted already:
-# grouping costs less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of 128
-# floats, 4.8 against 7.7 ms with a radix sort). Atomics into a buffer that fits L2 stay faster
-# (100k rows of 64 floats: 0.26 against 0.35 ms). NOTES.md.
+# cache is reduced over edges sorted by row, unless its index is known to be sorted already: the
+# sort costs less than atomics that miss L2 (H200, per side: 2**24 edges, 2.45M rows of 128
+# floats). Atomics into a buffer that fits L2 stay faster (100k rows of 64 floats). NOTES.md.
 SORT_MIN_EDGES = 1 << 20
-HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,37 +153,29 @@ def _is_sorted(idx):
     return verdict
 
 
-def _sort_keys(row_idx, num_rows):
-    # 32-bit keys halve the radix passes. Out-of-range indices (possible with check_indices=False)
-    # are clamped to -1 or num_rows first, so no cast wraps them onto a real row: the kernels
-    # skip them.
-    key_dtype = torch.int32 if num_rows < 2**31 - 1 else torch.int64
-    return row_idx.clamp(-1, num_rows).to(key_dtype)
+def _reduction(row_feat, row_idx, deterministic):
+    """The reduction of one side without a plan:
+
+    - on large graphs, an index known to be sorted (learned once per tensor): the sorted
+      reduction over the edges as given;
+    - deterministic mode, or a large graph whose gradient does not fit in L2: the edges sorted
+      by row in the op, then the sorted reduction;
+    - otherwise atomics over the edges as given (runs of one row summed in registers first).
+    """
+    large = row_idx.shape[0] >= SORT_MIN_EDGES
+    if large and _is_sorted(row_idx):
+        return "sorted"
+    if deterministic or (large and _atomics_miss_l2(row_feat)):
+        return "sort"
+    return "atomic"
 
 
 def _grad_side(grad_rows, grad_out, row_feat, other_feat, row_idx, other_idx, plan, deterministic):
-    """One side's gradient, by the fastest path its mode allows:
-
-    - a given plan: the segment reduction over the plan's pieces;
-    - on large graphs, an index known to be sorted (learned once per tensor): the sorted
-      reduction over the edges as given;
-    - deterministic mode: a stable sort by row (each row keeps the edge order), then the sorted
-      reduction;
-    - a large graph whose gradient does not fit in L2: edges grouped by row in the op (a counting
-      sort, no comparison sort), then the sorted reduction;
-    - otherwise atomics over the edges as given (runs of one row summed in registers first).
-    """
+    """One side's gradient: over a given plan's pieces, else by ``_reduction``."""
     if plan is not None or not row_idx.is_cuda:
         return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, "atomic")
-    large = row_idx.shape[0] >= SORT_MIN_EDGES
-    if large and _is_sorted(row_idx):
-        return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, "sorted")
-    if deterministic:
-        sorted_rows, order = torch.sort(_sort_keys(row_idx, row_feat.shape[0]), stable=True)
-        return grad_rows(grad_out.index_select(0, order), row_feat, other_feat, sorted_rows,
-                         other_idx.index_select(0, order), None, "sorted")
-    reduction = "grouped" if large and _atomics_miss_l2(row_feat) else "atomic"
-    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
+    return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None,
+                     _reduction(row_feat, row_idx, deterministic))
 
 
 def _backward_with(grad_rows, ctx, grad_out):

@@ -16,14 +16,14 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
             for kw in ({}, {"plan": plan}, {"deterministic": True}):
                 out = edgedot.edge_dot(s, d, si, di, **kw)
                 out.backward(torch.randn_like(out))
-            # Every reduction of the gradient op, sorted and grouped included (the autograd path
+            # Every reduction of the gradient op, "sorted" and "sort" included (the autograd path
             # takes them only on graphs of 2**20 edges), on edges with a hot row and empty rows.
             g = torch.randn(700, 2, device=dev, dtype=dt)
             sorted_si, order = torch.sort(si)
             grad_op = torch.ops.edgedot.edge_dot_grad
             grad_op(g, s, d, si, di, None, "atomic")
             grad_op(g[order], s, d, sorted_si, di[order], None, "sorted")
-            grad_op(g, s, d, si, di, None, "grouped")
+            grad_op(g, s, d, si, di, None, "sort")
             try:
                 edgedot.edge_dot(s, d, torch.tensor([0, 50], device=dev), torch.tensor([0, 1], device=dev))
             except IndexError:
@@ -35,8 +35,8 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
                 out.backward(torch.randn_like(out))
             bad_g = torch.randn(5, 2, device=dev, dtype=dt)
             sorted_bad, order = torch.sort(bad_src)
-            grad_op(bad_g, s, d, bad_src, bad_dst, None, "grouped")
+            grad_op(bad_g, s, d, bad_src, bad_dst, None, "sort")
             grad_op(bad_g[order], s, d, sorted_bad, bad_dst[order], None, "sorted")
-            grad_op(bad_g, d, s, bad_dst, bad_src, None, "grouped")
+            grad_op(bad_g, d, s, bad_dst, bad_src, None, "sort")
 torch.cuda.synchronize()
 print("sanitize workload done")

@@ -167,9 +167,8 @@ def reductions(monkeypatch):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_gradients_of_large_graphs(dtype, deterministic, sort_large_gradients, reductions):
-    """>= SORT_MIN_EDGES edges in random order are grouped by row per call (default mode) or
-    sorted stably (deterministic mode), then reduced without atomics: accurate, and in
-    deterministic mode bitwise identical run after run."""
+    """>= SORT_MIN_EDGES edges in random order are sorted by row per call in both modes, then
+    reduced without atomics: accurate, and bitwise identical run after run."""
     from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
@@ -182,10 +181,8 @@ def test_half_gradients_of_large_graphs(dtype, deterministic, sort_large_gradien
     grad_out = rand_feat((num_edges, 4), dtype, "cuda", g)
     got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
     again = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
-    expected = "sorted" if deterministic else "grouped"
-    assert reductions == [(num_src, expected), (num_dst, expected)] * 2
-    if deterministic:
-        assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), "sorted reduction is not reproducible"
+    assert reductions == [(num_src, "sort"), (num_dst, "sort")] * 2
+    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), "sorted reduction is not reproducible"
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
     lowp = reference_grads(src, dst, src_idx, dst_idx, grad_out)
     for run in (got, again):
@@ -197,9 +194,8 @@ def test_half_gradients_of_large_graphs(dtype, deterministic, sort_large_gradien
                                                   (torch.bfloat16, False)], ids=["float32", "float32-det", "bf16"])
 def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradients, reductions):
     """src_idx sorted, dst_idx random, >= SORT_MIN_EDGES edges: the sorted side is reduced as
-    given by the sorted reduction; the other is sorted stably (deterministic mode, bitwise
-    reproducible) or grouped by row (default mode) per call."""
-    from utils import edgedot_grads, scatter_grads
+    given by the sorted reduction, the other is sorted per call; bitwise reproducible."""
+    from utils import edgedot_grads
     from edgedot.ops import SORT_MIN_EDGES
 
     g = gen(21)
@@ -210,13 +206,10 @@ def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradien
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges,), dtype, "cuda", g)
     runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic) for _ in range(2)]
-    assert reductions == [(num_src, "sorted"), (num_dst, "sorted" if deterministic else "grouped")] * 2
-    if deterministic:
-        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert reductions == [(num_src, "sorted"), (num_dst, "sort")] * 2
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
-    # Float32 rows summed in a varying order are held to a sum in edge order.
-    in_edge_order = dtype == torch.float32 and not deterministic
-    yardstick = (scatter_grads if in_edge_order else reference_grads)(src, dst, src_idx, dst_idx, grad_out)
+    yardstick = reference_grads(src, dst, src_idx, dst_idx, grad_out)
     for run in runs:
         for gr, w, lo, name in zip(run, want, yardstick, ("grad_src", "grad_dst")):
             assert_accurate(gr, lo, w, dtype, name)
@@ -225,8 +218,8 @@ def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradien
 @pytest.mark.parametrize("order", ["random", "sorted", "random-deterministic"])
 def test_large_graph_unchecked_out_of_range_edges_add_nothing(order, sort_large_gradients, reductions):
     """check_indices=False with out-of-range indices on a graph of >= SORT_MIN_EDGES edges: those
-    edges contribute to no row through every reduction (grouped, sorted as given, sorted per
-    call), and no cast wraps a huge int64 index onto a real row."""
+    edges contribute to no row through both reductions that see them (sorted as given, sorted per
+    call, in either mode), and no cast wraps a huge int64 index onto a real row."""
     from edgedot.ops import SORT_MIN_EDGES
     from utils import edgedot_grads
 
@@ -248,14 +241,14 @@ def test_large_graph_unchecked_out_of_range_edges_add_nothing(order, sort_large_
     grad_out = rand_feat((num_edges,), torch.float64, "cuda", g)
     got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, check_indices=False,
                         deterministic=order == "random-deterministic")
-    expected = {"random": "grouped", "sorted": "sorted", "random-deterministic": "sorted"}[order]
+    expected = "sorted" if order == "sorted" else "sort"
     assert reductions[0] == (num_src, expected)
     want = reference_grads(src, dst, src_idx[keep], dst_idx[keep], grad_out[keep], torch.float64)
     for gr, w, name in zip(got, want, ("grad_src", "grad_dst")):
         assert rel_error(gr, w) < 1e-12, name
 
 
-@pytest.mark.parametrize("reduction", ["sorted", "grouped"])
+@pytest.mark.parametrize("reduction", ["sorted", "sort"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_rows_without_edges_are_zero(dtype, reduction):
     """The sorted reduction writes every row itself (no memset): rows before, between and after

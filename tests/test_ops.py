@@ -67,7 +67,7 @@ def test_opcheck_edge_dot(device, case):
 @pytest.mark.parametrize("dtype, shape, mode", [
     (torch.float32, "2d", "atomic"), (torch.float32, "broadcast", "plan"), (torch.float16, "mixed_2d_3d", "plan"),
     (torch.float64, "heads", "atomic"), (torch.float32, "2d", "sorted"), (torch.bfloat16, "broadcast", "sorted"),
-    (torch.float64, "heads", "sorted"), (torch.float64, "2d", "grouped"), (torch.float64, "broadcast", "grouped")],
+    (torch.float64, "heads", "sorted"), (torch.float32, "2d", "sort"), (torch.float16, "heads", "sort")],
     ids=lambda v: dtype_id(v) if isinstance(v, torch.dtype) else str(v))
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_edge_dot_grad(device, dtype, shape, mode):

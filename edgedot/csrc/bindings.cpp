@@ -127,44 +127,44 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
   return {out, kOk};
 }
 
-// Edges ordered so that row_idx is non-decreasing (a counting sort; see group_by_row.cu).
-// Returns the reordered grad_out, row_idx and other_idx.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> group_by_row(const at::Tensor& grad_out, at::Tensor row_idx,
-                                                            const at::Tensor& other_idx, int64_t num_rows,
-                                                            cudaStream_t stream) {
-  // The bucket of out-of-range rows, num_rows, must fit the index type.
-  if (row_idx.scalar_type() == at::kInt && num_rows > std::numeric_limits<int32_t>::max()) row_idx = row_idx.to(at::kLong);
+// The edges sorted stably by row: grad_out, row_idx (out-of-range rows moved to the ends) and
+// other_idx reordered.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& grad_out, const at::Tensor& row_idx,
+                                                           const at::Tensor& other_idx, int64_t num_rows,
+                                                           cudaStream_t stream) {
   const int64_t num_edges = row_idx.size(0);
-  const int64_t heads = grad_out.dim() == 2 ? grad_out.size(1) : 1;
-  at::Tensor ends = at::empty({num_rows + 1}, row_idx.options().dtype(at::kLong));
-  C10_CUDA_CHECK(cudaMemsetAsync(ends.data_ptr(), 0, ends.nbytes(), stream));
-  auto* ends_ptr = reinterpret_cast<unsigned long long*>(ends.data_ptr<int64_t>());
-  launch_count_rows(row_idx.data_ptr(), index_kind(row_idx, "row_idx"), num_edges, num_rows, ends_ptr, stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  ends.cumsum_(0);
-  at::Tensor grad_grouped = at::empty_like(grad_out);
-  at::Tensor rows_grouped = at::empty_like(row_idx);
-  at::Tensor other_grouped = at::empty_like(other_idx);
-  const GroupArgs args{row_idx.data_ptr(),       other_idx.data_ptr(),     grad_out.data_ptr(),
-                       rows_grouped.data_ptr(),  other_grouped.data_ptr(), grad_grouped.data_ptr(),
-                       num_edges,                num_rows,                 heads};
-  launch_scatter_by_row(args, ends_ptr, scalar_kind(grad_out.scalar_type()), index_kind(row_idx, "row_idx"),
-                        index_kind(other_idx, "other_idx"), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {grad_grouped, rows_grouped, other_grouped};
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  at::Tensor rows, order;
+  if (num_edges < kMax32 && num_rows < kMax32) {
+    const auto int32 = row_idx.options().dtype(at::kInt);
+    at::Tensor keys = at::empty({2, num_edges}, int32);
+    at::Tensor positions = at::empty({2, num_edges}, int32);
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows);
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, row_idx.options().dtype(at::kByte));
+    const int buffer = launch_sort_by_row(row_idx.data_ptr(), index_kind(row_idx, "row_idx"), num_edges, num_rows,
+                                          keys.data_ptr<int32_t>(), positions.data_ptr<int32_t>(), temp.data_ptr(),
+                                          temp_bytes, stream);
+    TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    rows = keys[buffer];
+    order = positions[buffer];
+  } else {
+    // Clamped first, so that no huge index wraps onto a real row in a narrower key.
+    std::tie(rows, order) = at::sort(row_idx.clamp(-1, num_rows), /*stable=*/true, 0, /*descending=*/false);
+  }
+  return {grad_out.index_select(0, order), rows, other_idx.index_select(0, order)};
 }
 
 // One side's gradient: over the plan's pieces if one is given, else by `reduction`:
 //   "atomic"   edges as given, atomics into the gradient;
 //   "sorted"   row_idx is non-decreasing: each row written once, bitwise reproducible;
-//   "grouped"  edges grouped by row here (group_by_row), then as "sorted"; the order of a row's
-//              edges, and so the rounding of its sum, varies from call to call.
+//   "sort"     edges sorted stably by row here (sort_by_row), then as "sorted".
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
                      at::Tensor other_idx, c10::optional<at::Tensor> plan, const std::string& reduction) {
-  const bool grouped = reduction == "grouped";
-  const bool sorted = grouped || reduction == "sorted";
+  const bool sort_here = reduction == "sort";
+  const bool sorted = sort_here || reduction == "sorted";
   TORCH_CHECK_VALUE(sorted || reduction == "atomic", "edgedot: unknown reduction '", reduction,
-                    "' (atomic, sorted or grouped)");
+                    "' (atomic, sorted or sort)");
   const c10::cuda::CUDAGuard guard(row_feat.device());
   grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
   other_feat = unit_stride_last(other_feat);
@@ -212,7 +212,7 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     return grad.view(row_feat.sizes());
   }
   if (sorted) {
-    if (grouped) std::tie(grad_out, row_idx, other_idx) = group_by_row(grad_out, row_idx, other_idx, num_rows, stream);
+    if (sort_here) std::tie(grad_out, row_idx, other_idx) = sort_by_row(grad_out, row_idx, other_idx, num_rows, stream);
     args.grad_out = grad_out.data_ptr();
     args.row_idx = row_idx.data_ptr();
     args.other_idx = other_idx.data_ptr();

@@ -75,25 +75,12 @@ int64_t sorted_workspace_slots(const GradArgs& args, int64_t chunk_edges);
 void launch_grad_sorted(const GradArgs& args, void* grad, void* workspace, int64_t chunk_edges, ScalarKind scalar,
                         IndexKind row_index, IndexKind other_index, cudaStream_t stream);
 
-// Edges grouped by row (edgedot/csrc/group_by_row.cu): the inputs of GradArgs and where their
-// reordered copies go, all of num_edges entries (grad_out of num_edges x heads).
-struct GroupArgs {
-  const void* row_idx;
-  const void* other_idx;
-  const void* grad_out;
-  void* rows_out;
-  void* other_out;
-  void* grad_out_out;
-  int64_t num_edges, num_rows, heads;
-};
-
-// counts[row] += 1 per edge whose row is in range, counts[num_rows] += 1 per other edge; counts
-// has num_rows + 1 zeroed entries.
-void launch_count_rows(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows,
-                       unsigned long long* counts, cudaStream_t stream);
-// Given ends = the inclusive running sum of those counts, writes every edge into its row's range
-// (out-of-range rows become num_rows and come last). Consumes ends.
-void launch_scatter_by_row(const GroupArgs& args, unsigned long long* ends, ScalarKind scalar, IndexKind row_index,
-                           IndexKind other_index, cudaStream_t stream);
+// Edges sorted by row (edgedot/csrc/sort_by_row.cu), for num_edges and num_rows below 2**31:
+// keys and positions hold 2 * num_edges entries each (two buffers of num_edges); temp holds
+// sort_by_row_temp_bytes bytes. Returns which buffer (0 or 1) holds the sorted keys (row_idx,
+// with out-of-range rows as num_rows) and the positions of their edges, or -1 if CUB failed.
+size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows);
+int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
+                       int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
 
 }  // namespace edgedot
