@@ -116,9 +116,10 @@ class TensorMemo:
 
 
 class InRangeIndices(TensorMemo):
-    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``). The
-    kernels never read out of range whatever this says: an index changed behind PyTorch's back
-    yields NaN, not a crash."""
+    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for the
+    CPU path; the CUDA extension keeps the same record itself (``InRangeMemo`` in
+    ``csrc/bindings.cpp``). The kernels never read out of range whatever this says: an index
+    changed behind PyTorch's back yields NaN, not a crash."""
 
     def covers(self, idx, feat):
         """Whether ``idx`` is unchanged since it was found in range for at most as many rows as

@@ -35,6 +35,10 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         ``[E]`` if both feature tensors are 2-D, else ``[E, H]``, in the features' dtype.
         Differentiable with respect to both feature tensors.
     """
+    eager_cuda = _eager_cuda(src_feat, dst_feat, src_idx, dst_idx)
+    if eager_cuda and plan is None and not (torch.is_grad_enabled()
+                                            and (src_feat.requires_grad or dst_feat.requires_grad)):
+        return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if plan is None:
@@ -44,10 +48,8 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         plan.check_matches(src_feat, dst_feat, src_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
-    if _eager_cuda(src_feat, dst_feat, src_idx, dst_idx):
-        if torch.is_grad_enabled() and (src_feat.requires_grad or dst_feat.requires_grad):
-            return EagerCUDAEdgeDot.apply(*args)
-        return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
+    if eager_cuda:
+        return EagerCUDAEdgeDot.apply(*args)
     # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)

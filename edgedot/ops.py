@@ -59,21 +59,16 @@ _BAD_SRC_INDEX, _BAD_DST_INDEX, _INVALID_INPUTS = 1, 2, 3
 def forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices):
     """The CUDA forward behind both the custom op and the eager fast path.
 
-    The extension validates the arguments itself (cheaper than Python); when it refuses them,
-    ``check_inputs`` raises the error that names the argument."""
-    check = check_indices and not (in_range_indices.covers(src_idx, src_feat)
-                                   and in_range_indices.covers(dst_idx, dst_feat))
-    out, outcome = cuda_module().forward(src_feat, dst_feat, src_idx, dst_idx, check)
+    The extension validates the arguments itself (cheaper than Python), and remembers index
+    tensors it found in range; when it refuses the arguments, ``check_inputs`` raises the error
+    that names the argument."""
+    out, outcome = cuda_module().forward(src_feat, dst_feat, src_idx, dst_idx, check_indices)
     if outcome:
         if outcome == _INVALID_INPUTS:
             check_inputs(src_feat, dst_feat, src_idx, dst_idx)
             raise RuntimeError("edgedot: the CUDA extension refused inputs that check_inputs accepts")
         name, feat = ("src_idx", src_feat) if outcome == _BAD_SRC_INDEX else ("dst_idx", dst_feat)
         raise IndexError(f"{name} holds an index outside [0, {feat.shape[0]})")
-    # Under graph capture the extension could not wait for the verdict: nothing was checked.
-    if check and not torch.cuda.is_current_stream_capturing():
-        in_range_indices.add(src_idx, src_feat.shape[0])
-        in_range_indices.add(dst_idx, dst_feat.shape[0])
     return out
 
 

@@ -350,6 +350,21 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
         _call(_with(a, src_idx=src_view))
 
 
+@requires_cuda
+def test_cuda_memo_of_many_graphs_stays_correct():
+    """More index tensors than the extension remembers: each is checked or known, never confused."""
+    a = _good("cuda")
+    graphs = [a["src_idx"].clone() for _ in range(40)]
+    for idx in graphs:
+        _call(_with(a, src_idx=idx))
+    for k in (0, 25, 39):
+        graphs[k][1] = NUM_SRC
+        with pytest.raises(IndexError, match="src_idx"):
+            _call(_with(a, src_idx=graphs[k]))
+        graphs[k][1] = 0
+        check_forward(a["src_feat"], a["dst_feat"], graphs[k], a["dst_idx"])
+
+
 def test_remembered_indices_do_not_outlive_their_tensors():
     from edgedot._checks import InRangeIndices
     cache = InRangeIndices()
