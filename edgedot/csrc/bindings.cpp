@@ -6,7 +6,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <vector>
+#include <unordered_map>
 #include <mutex>
 #include <limits>
 #include <string>
@@ -85,38 +85,29 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 // Index tensors a checked forward found in range, each remembered until it changes, by the rule of
 // edgedot/_checks.py:TensorMemo (same tensor, same version, same storage): repeated calls on one
 // graph then neither check nor wait. Here rather than in Python, where the lookup cost as much
-// host time as a quarter of a small call. A few entries suffice: a model holds few graphs.
+// host time as a quarter of a small call.
 class InRangeMemo {
  public:
   // Whether idx was found in range for at most num_rows rows and is unchanged since.
   bool covers(const at::Tensor& idx, int64_t num_rows) {
     if (idx.is_inference()) return false;  // no version counter: checked every call
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (const Entry& e : entries_) {
-      if (e.impl._unsafe_get_target() == idx.unsafeGetTensorImpl() && !e.impl.expired()) {
-        return e.version == idx._version() && e.data == idx.data_ptr() && e.num_rows <= num_rows;
-      }
-    }
-    return false;
+    const auto it = entries_.find(idx.unsafeGetTensorImpl());
+    return it != entries_.end() && !it->second.impl.expired() && it->second.version == idx._version() &&
+           it->second.data == idx.data_ptr() && it->second.num_rows <= num_rows;
   }
 
   void add(const at::Tensor& idx, int64_t num_rows) {
     if (idx.is_inference()) return;
     const std::lock_guard<std::mutex> lock(mutex_);
-    // The weak reference keeps the TensorImpl's address from being reused while the entry lives.
-    Entry entry{WeakImpl(idx.getIntrusivePtr()), idx._version(), idx.data_ptr(), num_rows};
-    for (Entry& e : entries_) {
-      if (e.impl._unsafe_get_target() == idx.unsafeGetTensorImpl() || e.impl.expired()) {
-        e = std::move(entry);
-        return;
-      }
+    if (entries_.size() >= sweep_at_) {
+      for (auto it = entries_.begin(); it != entries_.end();) it = it->second.impl.expired() ? entries_.erase(it) : ++it;
+      sweep_at_ = std::max<size_t>(kFirstSweep, 2 * entries_.size());
     }
-    if (entries_.size() < kEntries) {
-      entries_.push_back(std::move(entry));
-    } else {
-      entries_[next_] = std::move(entry);
-      next_ = (next_ + 1) % kEntries;
-    }
+    // The weak reference keeps a dead tensor's TensorImpl, the key, from being reused until its
+    // entry is swept.
+    entries_.insert_or_assign(idx.unsafeGetTensorImpl(),
+                              Entry{WeakImpl(idx.getIntrusivePtr()), idx._version(), idx.data_ptr(), num_rows});
   }
 
  private:
@@ -127,10 +118,10 @@ class InRangeMemo {
     const void* data;
     int64_t num_rows;
   };
-  static constexpr size_t kEntries = 16;
+  static constexpr size_t kFirstSweep = 1024;
   std::mutex mutex_;
-  std::vector<Entry> entries_;
-  size_t next_ = 0;
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+  size_t sweep_at_ = kFirstSweep;
 };
 
 InRangeMemo& in_range_memo() {
