@@ -231,7 +231,8 @@ def test_large_graph_unchecked_out_of_range_edges_add_nothing(order, sort_large_
     dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
     bad = torch.randperm(num_edges, generator=g)[:1000].cuda()
     src_idx[bad[:300]] = -1
-    src_idx[bad[300:600]] = num_src + 2**32  # row 2 if cast to int32
+    src_idx[bad[300:450]] = num_src + 2**32  # row 2 if cast to int32
+    src_idx[bad[450:600]] = 2**63 - 1  # overflows if one is added
     dst_idx[bad[600:]] = num_dst
     keep = torch.ones(num_edges, dtype=torch.bool, device="cuda")
     keep[bad] = False

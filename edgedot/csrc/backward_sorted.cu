@@ -70,11 +70,13 @@ grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ wo
     const int64_t row_after = end < a.num_edges ? static_cast<int64_t>(row_idx[end]) : -2;
     T* grad_head = grad + row_head * a.dim;
     for (int64_t v = lane; v < vectors; v += group) {
-      auto zero_rows = [&](int64_t lo, int64_t hi) {
+      // Zeroes the rows strictly between two consecutive rows of the edge order (no edge has them).
+      auto zero_rows_between = [&](int64_t prev, int64_t next) {
+        if (prev >= a.num_rows) return;  // also keeps prev + 1 from overflowing
         Vec<T, VEC> zero;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) zero.v[j] = from_accum<T>(A(0));
-        for (int64_t r = max(lo, int64_t{0}); r < min(hi, a.num_rows); ++r) {
+        for (int64_t r = prev < 0 ? 0 : prev + 1; r < min(next, a.num_rows); ++r) {
           *reinterpret_cast<Vec<T, VEC>*>(grad_head + r * a.row_heads * a.dim + v * VEC) = zero;
         }
       };
@@ -91,7 +93,7 @@ grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ wo
           store_vec(grad_head + static_cast<int64_t>(current) * a.row_heads * a.dim + v * VEC, acc);
         }
       };
-      zero_rows(row_before + 1, current);
+      zero_rows_between(row_before, current);
       const T* other_v = other + first_head * a.other.head_stride + v * VEC;
       const T* grad_out_h = grad_out + first_head;
       // Items (edge e, head h of the edge), edge-major; a broadcast row head walks every head.
@@ -126,7 +128,7 @@ grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ wo
             flush(false);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) acc[j] = 0;
-            zero_rows(static_cast<int64_t>(current) + 1, rows[k]);
+            zero_rows_between(current, rows[k]);
             current = rows[k];
             first_run = false;
           }
@@ -134,7 +136,7 @@ grad_sorted_kernel(GradArgs a, T* __restrict__ grad, accum_t<T>* __restrict__ wo
         }
       }
       flush(true);
-      if (end == a.num_edges) zero_rows(static_cast<int64_t>(current) + 1, a.num_rows);
+      if (end == a.num_edges) zero_rows_between(current, a.num_rows);
     }
   }
 }
