@@ -13,7 +13,7 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ["bindings.cpp", "launch.cu", "forward.cu", "backward_atomic.cu", "backward_segment.cu",
-           "backward_sorted.cu", "sort_by_row.cu"]
+           "backward_sorted.cu", "sort_by_row.cu", "edge_order.cu"]
 
 _lock = threading.Lock()
 _module = None

@@ -56,7 +56,9 @@ Bytes and bandwidth
     ``bytes / median time / copy bandwidth``, where the copy bandwidth is that of
     ``dst.copy_(src)`` on a 2 GiB tensor, counting bytes read and written, median of 10 copies.
     A fraction above 1 means rows counted once per edge came from the L2 cache instead: the
-    rows of one side fit in it (mid cases), or a power-law graph's hot rows stay in it (rmat).
+    rows of one side fit in it (mid cases), a power-law graph's hot rows stay in it (rmat), or
+    edgedot visited shuffled edges of wide rows grouped by row range (``mid_d1000``; see
+    ``edgedot/csrc/edge_order.cu``).
 
 Peak extra memory
     ``torch.cuda.max_memory_allocated()`` during one call, after ``reset_peak_memory_stats()``,

@@ -142,8 +142,9 @@ torch::Tensor edge_dot_forward(torch::Tensor src_feat, torch::Tensor dst_feat, t
       /*heads=*/1,
       src_feat.size(1),
       /*error_flag=*/nullptr};
-  edgedot::launch_forward(args, scalar_kind(src_feat), index_kind(src_idx, "src_idx"),
-                          index_kind(dst_idx, "dst_idx"), c10::cuda::getCurrentCUDAStream());
+  edgedot::launch_forward(args, edgedot::EdgeOrder{nullptr, nullptr}, scalar_kind(src_feat),
+                          index_kind(src_idx, "src_idx"), index_kind(dst_idx, "dst_idx"),
+                          c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

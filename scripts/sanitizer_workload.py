@@ -38,5 +38,22 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
             grad_op(bad_g, s, d, bad_src, bad_dst, None, "sort")
             grad_op(bad_g[order], s, d, sorted_bad, bad_dst[order], None, "sorted")
             grad_op(bad_g, d, s, bad_dst, bad_src, None, "sort")
+# The forward's grouped visit order: shuffled edges over wide rows of a table larger than L2, with
+# out-of-range edges unchecked and checked; the same edges sorted, where the order is not used.
+big = torch.cuda.get_device_properties(0).L2_cache_size // 2048 + 1
+for it in [torch.int32, torch.int64]:
+    s = torch.randn(big, 512, device=dev)
+    d = torch.randn(500, 512, device=dev)
+    si = torch.randint(0, big, (2 * big,), device=dev, dtype=it)
+    di = torch.randint(0, 500, (2 * big,), device=dev, dtype=it)
+    edgedot.edge_dot(s, d, si, di)
+    edgedot.edge_dot(s, d, torch.sort(si).values, di)
+    si[::1000] = big
+    si[1::1000] = -1
+    edgedot.edge_dot(s, d, si, di, check_indices=False)
+    try:
+        edgedot.edge_dot(s, d, si, di)
+    except IndexError:
+        pass
 torch.cuda.synchronize()
 print("sanitize workload done")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import edgedot
-from utils import (PIECE_LEN, assert_accurate, gen, rand_feat, rand_index, reference, reference64,
-                   reference_grads, rel_error, requires_cuda, skewed_index)
+from utils import (PIECE_LEN, assert_accurate, fill_cuda_cache_with_nan, gen, rand_feat, rand_index, reference,
+                   reference64, reference_grads, rel_error, requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -255,7 +255,6 @@ def test_rows_without_edges_are_zero(dtype, reduction):
     """The sorted reduction writes every row itself (no memset): rows before, between and after
     the rows with edges come out as exact zeros, even in memory that held NaN."""
     from edgedot.ops import edge_dot_grad_op
-    from utils import fill_cuda_cache_with_nan
 
     g = gen(23)
     num_rows, num_other, dim, heads = 1000, 50, 24, 2
@@ -275,3 +274,133 @@ def test_rows_without_edges_are_zero(dtype, reduction):
     want.index_add_(0, row_idx.long(), grad_out.double()[..., None] * other_feat.double()[other_idx])
     lowp = torch.zeros_like(row_feat).index_add_(0, row_idx.long(), grad_out[..., None] * other_feat[other_idx])
     assert_accurate(got, lowp, want, dtype, "grad")
+
+
+def _order_buckets(row_idx, num_rows, shift):
+    rows = row_idx.long()
+    last = (num_rows - 1) >> shift
+    return torch.where((rows >= 0) & (rows < num_rows), rows >> shift, torch.full_like(rows, last))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_edge_order_groups_edges_by_row_bucket(index_dtype):
+    """The forward's visit order: a permutation of the edges with their row buckets non-decreasing,
+    out-of-range rows in the last bucket."""
+    from edgedot._build import cuda_module
+    g = gen(40)
+    num_rows, num_edges, shift = 50_000, 100_000, 6  # 782 buckets
+    row_idx = rand_index(num_rows, num_edges, index_dtype, "cuda", g)
+    row_idx[::997] = -1
+    row_idx[5::991] = num_rows
+    other_idx = rand_index(3000, num_edges, index_dtype, "cuda", g)
+    order, used = cuda_module().edge_order(row_idx, other_idx, num_rows, shift)
+    assert used
+    assert order.dtype == torch.int32 and order.shape == (num_edges,)
+    assert torch.equal(torch.sort(order.long()).values, torch.arange(num_edges, device="cuda"))
+    buckets = _order_buckets(row_idx, num_rows, shift)[order.long()]
+    assert bool((buckets[1:] >= buckets[:-1]).all())
+    assert buckets[-1].item() == (num_rows - 1) >> shift
+
+
+@pytest.mark.parametrize("sorted_side", ["row", "other"])
+def test_edge_order_leaves_sorted_edges_alone(sorted_side):
+    """Edges sorted by either index already read rows in order: the order is not used."""
+    from edgedot._build import cuda_module
+    g = gen(41)
+    row_idx = rand_index(50_000, 100_000, torch.int64, "cuda", g)
+    other_idx = rand_index(3000, 100_000, torch.int64, "cuda", g)
+    if sorted_side == "row":
+        row_idx = torch.sort(row_idx).values
+    else:
+        other_idx = torch.sort(other_idx).values
+    _, used = cuda_module().edge_order(row_idx, other_idx, 50_000, 6)
+    assert not used
+
+
+def _launched_kernels(fn):
+    """Demangled names of the CUDA kernels fn launches."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("dtype, heads, index_dtype, larger", [
+    (torch.float32, 1, torch.int64, "src"),
+    (torch.float32, 1, torch.int32, "dst"),
+    (torch.float16, 1, torch.int32, "src"),
+    (torch.bfloat16, 1, torch.int64, "src"),
+    (torch.bfloat16, 4, torch.int32, "src"),
+    (torch.float64, 1, torch.int64, "dst"),
+], ids=lambda v: str(v).replace("torch.", ""))
+def test_forward_of_shuffled_graph_larger_than_l2(dtype, heads, index_dtype, larger):
+    """Shuffled edges over wide rows of a table larger than L2 are visited grouped by row range of
+    the larger side; every edge's output lands at its own position, under NaN poison."""
+    g = gen(42)
+    row_bytes = 2048  # wide enough to pay for the grouping (edgedot/csrc/bindings.cpp)
+    dim = row_bytes * 8 // torch.finfo(dtype).bits // heads
+    big = torch.cuda.get_device_properties(0).L2_cache_size // row_bytes + 1
+    small = 3000
+    num_src, num_dst = (big, small) if larger == "src" else (small, big)
+    num_edges = 4 * big
+    src = rand_feat((num_src, heads, dim) if heads > 1 else (num_src, dim), dtype, "cuda", g)
+    dst = rand_feat((num_dst, heads, dim) if heads > 1 else (num_dst, dim), dtype, "cuda", g)
+    src_idx = rand_index(num_src, num_edges, index_dtype, "cuda", g)
+    dst_idx = rand_index(num_dst, num_edges, index_dtype, "cuda", g)
+    fill_cuda_cache_with_nan()
+    out = None
+
+    def run():
+        nonlocal out
+        out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
+
+    kernels = _launched_kernels(run)
+    assert any("bucket_scatter" in k for k in kernels), kernels
+    assert any("forward_kernel" in k and "true>" in k for k in kernels), kernels
+    assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx), dtype)
+
+    # The same edges sorted by src take the given order, with the same results.
+    src_sorted, order = torch.sort(src_idx, stable=True)
+    fill_cuda_cache_with_nan()
+    again = edgedot.edge_dot(src, dst, src_sorted, dst_idx[order])
+    assert torch.equal(again, out[order])
+
+
+def test_forward_of_narrow_rows_keeps_the_given_order():
+    """Rows of 512 bytes save too little per edge to pay for grouping the edges: not grouped."""
+    g = gen(44)
+    big = torch.cuda.get_device_properties(0).L2_cache_size // 512 + 1
+    src = rand_feat((big, 128), torch.float32, "cuda", g)
+    dst = rand_feat((big, 128), torch.float32, "cuda", g)
+    src_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
+    dst_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
+    kernels = _launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
+    assert any("forward_kernel" in k for k in kernels), kernels
+    assert not any("bucket" in k or "true>" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_shuffled_graph_larger_than_l2_out_of_range_edges(index_dtype):
+    """Out-of-range edges in the grouped order: checked calls raise, unchecked ones give NaN at
+    exactly those edges."""
+    g = gen(43)
+    big = torch.cuda.get_device_properties(0).L2_cache_size // 2048 + 1
+    num_edges = 4 * big
+    src = rand_feat((big, 512), torch.float32, "cuda", g)
+    dst = rand_feat((2000, 512), torch.float32, "cuda", g)
+    src_idx = rand_index(big, num_edges, index_dtype, "cuda", g)
+    dst_idx = rand_index(2000, num_edges, index_dtype, "cuda", g)
+    bad = torch.zeros(num_edges, dtype=torch.bool, device="cuda")
+    bad[7::1013] = True
+    bad_src = src_idx.clone()
+    bad_src[7::2026] = -1
+    bad_src[1020::2026] = big
+    with pytest.raises(IndexError, match="src_idx"):
+        edgedot.edge_dot(src, dst, bad_src, dst_idx)
+    fill_cuda_cache_with_nan()
+    out = edgedot.edge_dot(src, dst, bad_src, dst_idx, check_indices=False)
+    assert torch.equal(torch.isnan(out), bad)
+    good = ~bad
+    assert_accurate(out[good], reference(src, dst, src_idx[good], dst_idx[good]),
+                    reference64(src, dst, src_idx[good], dst_idx[good]), torch.float32)

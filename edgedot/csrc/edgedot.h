@@ -26,6 +26,12 @@ struct ForwardArgs {
   int* error_flag;       // [2]: set to 1 when src_idx / dst_idx holds an out-of-range index; may be null
 };
 
+// Edges in the order to visit them (launch_edge_order), used only if *used != 0.
+struct EdgeOrder {
+  const int32_t* order;
+  const int* used;
+};
+
 // Gradient of one side ("rows") given the other side's features. The row side's gradient is
 // [num_rows, row_heads, dim]; row_heads is heads, or 1 when that side broadcast its one head.
 struct GradArgs {
@@ -50,8 +56,9 @@ struct PlanArgs {
 };
 
 // out[e, h] = <src[src_idx[e], h], dst[dst_idx[e], h]>; out-of-range edges yield NaN.
-void launch_forward(const ForwardArgs& args, ScalarKind scalar, IndexKind src_index, IndexKind dst_index,
-                    cudaStream_t stream);
+// With an order (order.order not null), the edges are visited in that order when *order.used != 0.
+void launch_forward(const ForwardArgs& args, const EdgeOrder& order, ScalarKind scalar, IndexKind src_index,
+                    IndexKind dst_index, cudaStream_t stream);
 
 // grad[row_idx[e], h] += grad_out[e, h] * other[other_idx[e], h], with atomics into a zeroed
 // buffer of the accumulation type: float for half types, double for float32 with double_accum,
@@ -82,5 +89,19 @@ void launch_grad_sorted(const GradArgs& args, void* grad, void* workspace, int64
 size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
                        int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// Visit order for the forward (edgedot/csrc/edge_order.cu), for 2 <= num_edges < 2**31: order
+// (num_edges ints) receives the edges grouped by buckets of 2**shift rows of row_idx, at most
+// kMaxOrderBuckets buckets, out-of-range rows in the last one; workspace holds
+// edge_order_workspace_ints ints, its first the used flag: 0 when a sample of adjacent edges
+// found row_idx or other_idx mostly non-decreasing, in which case order is left unwritten.
+inline constexpr int kMaxOrderBuckets = 1024;
+int64_t edge_order_workspace_ints(int buckets);
+void launch_edge_order(const void* row_idx, IndexKind row_index, const void* other_idx, IndexKind other_index,
+                       int64_t num_edges, int64_t num_rows, int shift, int32_t* order, int* workspace,
+                       cudaStream_t stream);
+
+// Bytes of L2 cache of the current device (cached).
+int64_t l2_cache_bytes();
 
 }  // namespace edgedot

@@ -1,4 +1,5 @@
 // Launch sizing, cached: these queries cost microseconds, and small problems are launch-bound.
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -6,18 +7,27 @@
 
 namespace edgedot {
 
-int sm_count() {
+namespace {
+
+int device_attribute(cudaDeviceAttr attr) {
   static std::mutex mutex;
-  static std::unordered_map<int, int> cache;
+  static std::unordered_map<int64_t, int> cache;
   int device = 0;
   cudaGetDevice(&device);
+  const int64_t key = static_cast<int64_t>(device) << 32 | static_cast<int64_t>(attr);
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int sms = 1;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return cache[device] = sms;
+  int value = 0;
+  cudaDeviceGetAttribute(&value, attr, device);
+  return cache[key] = value;
 }
+
+}  // namespace
+
+int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount), 1); }
+
+int64_t l2_cache_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
 
 int blocks_per_sm(const void* kernel) {
   static std::mutex mutex;
