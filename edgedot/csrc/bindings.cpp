@@ -148,9 +148,9 @@ at::Tensor edge_order_buffer(const at::Tensor& row_idx, const at::Tensor& other_
 // grouping passes, of one more load in each edge's chain of dependent loads, and of index reads and
 // output writes scattered by the new order. Measured on an H200 (NOTES.md): 7-23% faster with 880
 // to 3800 bytes saved per edge while the per-edge arrays (indices, output, order) fit in twice the
-// L2; even with 490 saved; even or up to 22% slower on larger arrays. Taken when that side
-// overflows half of L2, saves more than kOrderMinSavedBytes per edge, and the per-edge arrays fit
-// in twice the L2.
+// L2; no faster with 490 saved; no faster, or up to 22% slower, on larger arrays. Taken when that
+// side overflows half of L2, saves more than kOrderMinSavedBytes per edge, and the per-edge arrays
+// fit in twice the L2.
 constexpr int64_t kOrderMinSavedBytes = 640;
 constexpr int64_t kOrderMinEdges = int64_t{1} << 16;
 
