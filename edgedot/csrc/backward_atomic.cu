@@ -37,53 +37,31 @@ __device__ __forceinline__ void atomic_add_vec(double* p, const A (&x)[VEC]) {
 // A group owns a (tile, head) unit. It keeps the running row's partial gradient in registers and
 // flushes it with atomics into `grad` (of type Acc) when the row changes, so input sorted by row
 // is nearly atomic-free.
-template <typename T, typename Acc, int VEC, typename RowIdx, typename OtherIdx>
+template <typename T, typename Acc, int VEC, typename Edges>
 __global__ void __launch_bounds__(kBlockThreads)
-grad_atomic_kernel(GradArgs a, Acc* __restrict__ grad, int group, int64_t tile_edges) {
-  using A = accum_t<T>;
-  const T* __restrict__ grad_out = static_cast<const T*>(a.grad_out);
-  const T* __restrict__ other = static_cast<const T*>(a.other.data);
-  const RowIdx* __restrict__ row_idx = static_cast<const RowIdx*>(a.row_idx);
-  const OtherIdx* __restrict__ other_idx = static_cast<const OtherIdx*>(a.other_idx);
-
+grad_atomic_kernel(GradArgs a, Edges edges, Acc* __restrict__ grad, int group, int64_t tile_edges) {
+  using Row = typename Edges::Row;
   const int64_t vectors = a.dim / VEC;
-  const int64_t units = (a.num_edges + tile_edges - 1) / tile_edges * a.heads;
-  const int lane = threadIdx.x & (group - 1);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+  const GroupUnits units(group, (a.num_edges + tile_edges - 1) / tile_edges * a.heads);
 
-  for (int64_t unit = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group; unit < units;
-       unit += stride) {
+  for (int64_t unit = units.first; unit < units.count; unit += units.stride) {
     const int64_t tile = unit / a.heads;
     const int64_t h = unit - tile * a.heads;
-    const int64_t grad_head = a.row_heads == 1 ? 0 : h;
+    Acc* grad_head = grad + (a.row_heads == 1 ? 0 : h) * a.dim;
     const int64_t e_begin = tile * tile_edges;
     const int64_t e_end = min(a.num_edges, e_begin + tile_edges);
-    for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
-      RowSlice<T, VEC> slice;
-      slice.zero();
-      int64_t current = -1;
-      auto flush = [&]() {
-        Acc* row = grad + (current * a.row_heads + grad_head) * a.dim;
+    for (int64_t base = units.lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
+      RowSlice<T, VEC> slice(base, group, vectors);
+      auto flush = [&](Row row) {
+        if (!in_range(row, a.num_rows)) return;
+        Acc* p = grad_head + static_cast<int64_t>(row) * a.row_heads * a.dim;
 #pragma unroll
         for (int u = 0; u < kVectorsPerLane; ++u) {
-          const int64_t v = base + static_cast<int64_t>(u) * group;
-          if (v < vectors) atomic_add_vec<VEC>(row + v * VEC, slice.acc[u]);
+          if (slice.has(u)) atomic_add_vec<VEC>(p + slice.offset(u), slice.acc[u]);
         }
       };
-      for (int64_t e = e_begin; e < e_end; ++e) {
-        const RowIdx r = row_idx[e];
-        const OtherIdx o = other_idx[e];
-        if (!in_range(r, a.num_rows) || !in_range(o, a.other.num_rows)) continue;
-        if (r != current) {
-          if (current >= 0) flush();
-          slice.zero();
-          current = r;
-        }
-        const A g = to_accum(grad_out[e * a.heads + h]);
-        slice.add_scaled(g, other + static_cast<int64_t>(o) * a.other.row_stride + h * a.other.head_stride, base,
-                         group, vectors);
-      }
-      if (current >= 0) flush();
+      const Row last = sum_runs(a, edges, e_begin, e_end, h, 1, slice, [&](Row row, Row) { flush(row); });
+      flush(last);
     }
   }
 }
@@ -91,13 +69,14 @@ grad_atomic_kernel(GradArgs a, Acc* __restrict__ grad, int group, int64_t tile_e
 template <typename T, typename Acc, int VEC, typename RowIdx, typename OtherIdx>
 void launch(const GradArgs& a, Acc* grad, cudaStream_t stream) {
   const int group = group_size(a.dim / VEC);
-  auto kernel = grad_atomic_kernel<T, Acc, VEC, RowIdx, OtherIdx>;
+  auto kernel = grad_atomic_kernel<T, Acc, VEC, GivenEdges<T, RowIdx, OtherIdx>>;
   // Four tiles per resident group at least, before tiles grow towards kMaxTileEdges.
   const int64_t resident_groups =
       static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(kernel)) * kBlockThreads / group;
   const int64_t tile_edges = std::max<int64_t>(1, std::min(kMaxTileEdges, a.num_edges / (4 * resident_groups)));
   const int64_t units = (a.num_edges + tile_edges - 1) / tile_edges * a.heads;
-  kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(a, grad, group, tile_edges);
+  kernel<<<grid_blocks(kernel, units * group), kBlockThreads, 0, stream>>>(
+      a, GivenEdges<T, RowIdx, OtherIdx>::of(a), grad, group, tile_edges);
 }
 
 template <typename T, typename Acc>

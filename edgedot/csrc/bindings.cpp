@@ -254,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& gra
     const auto int32 = row_idx.options().dtype(at::kInt);
     at::Tensor keys = at::empty({2, num_edges}, int32);
     at::Tensor positions = at::empty({2, num_edges}, int32);
-    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows);
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
     at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, row_idx.options().dtype(at::kByte));
     const int buffer = launch_sort_by_row(row_idx.data_ptr(), index_kind(row_idx, "row_idx"), num_edges, num_rows,
                                           keys.data_ptr<int32_t>(), positions.data_ptr<int32_t>(), temp.data_ptr(),
@@ -268,6 +268,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& gra
     std::tie(rows, order) = at::sort(row_idx.clamp(-1, num_rows), /*stable=*/true, 0, /*descending=*/false);
   }
   return {grad_out.index_select(0, order), rows, other_idx.index_select(0, order)};
+}
+
+// The edges sorted stably by row as keys (row_idx, out-of-range rows as num_rows) and pack_edge
+// pairs, when packable_sort(args) holds.
+std::tuple<at::Tensor, at::Tensor> sort_packed_by_row(const GradArgs& args, const at::Tensor& row_idx,
+                                                      const at::Tensor& other_idx, const at::Tensor& grad_out,
+                                                      cudaStream_t stream) {
+  const int64_t num_edges = args.num_edges;
+  at::Tensor keys = at::empty({2, num_edges}, row_idx.options().dtype(at::kInt));
+  at::Tensor pairs = at::empty({2, num_edges}, row_idx.options().dtype(at::kLong));
+  const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, args.num_rows, /*packed=*/true);
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, row_idx.options().dtype(at::kByte));
+  const int buffer = launch_sort_packed_by_row(args, index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"),
+                                               static_cast<int>(grad_out.element_size()), keys.data_ptr<int32_t>(),
+                                               reinterpret_cast<uint64_t*>(pairs.data_ptr<int64_t>()), temp.data_ptr(),
+                                               temp_bytes, stream);
+  TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {keys[buffer], pairs[buffer]};
+}
+
+// Whether the sort can carry each edge's other row and gradient in 64 bits: every count below
+// 2**31 and at most 4 bytes of gradient per edge (float32, or half types with up to two heads).
+bool packable_sort(const GradArgs& args, int64_t grad_bytes) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  return args.num_edges < kMax32 && args.num_rows < kMax32 && args.other.num_rows < kMax32 &&
+         args.heads * grad_bytes <= 4;
 }
 
 // The forward's visit order grouped by buckets of 2**shift rows of row_idx, for tests: the
@@ -343,7 +370,12 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     return grad.view(row_feat.sizes());
   }
   if (sorted) {
-    if (sort_here) std::tie(grad_out, row_idx, other_idx) = sort_by_row(grad_out, row_idx, other_idx, num_rows, stream);
+    at::Tensor pairs;  // defined when the sort packed each edge's other row and gradient
+    if (sort_here && packable_sort(args, grad_out.element_size())) {
+      std::tie(row_idx, pairs) = sort_packed_by_row(args, row_idx, other_idx, grad_out, stream);
+    } else if (sort_here) {
+      std::tie(grad_out, row_idx, other_idx) = sort_by_row(grad_out, row_idx, other_idx, num_rows, stream);
+    }
     args.grad_out = grad_out.data_ptr();
     args.row_idx = row_idx.data_ptr();
     args.other_idx = other_idx.data_ptr();
@@ -352,7 +384,8 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
     at::Tensor workspace = at::empty({sorted_workspace_slots(args, chunk_edges), row_heads, dim},
                                      options.dtype(half ? at::kFloat : dtype));
-    launch_grad_sorted(args, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),
+    const auto* packed = pairs.defined() ? reinterpret_cast<const uint64_t*>(pairs.data_ptr<int64_t>()) : nullptr;
+    launch_grad_sorted(args, packed, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),
                        index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad.view(row_feat.sizes());

@@ -79,16 +79,31 @@ void launch_grad_segment(const GradArgs& args, const PlanArgs& plan, void* grad,
 // so the result is bitwise reproducible. sorted_chunk_edges sizes the chunks.
 int64_t sorted_chunk_edges(const GradArgs& args, ScalarKind scalar);
 int64_t sorted_workspace_slots(const GradArgs& args, int64_t chunk_edges);
-void launch_grad_sorted(const GradArgs& args, void* grad, void* workspace, int64_t chunk_edges, ScalarKind scalar,
-                        IndexKind row_index, IndexKind other_index, cudaStream_t stream);
+// With pairs (launch_sort_packed_by_row), each edge's other row and gradient come from them:
+// args.other_idx and args.grad_out are not read.
+void launch_grad_sorted(const GradArgs& args, const uint64_t* pairs, void* grad, void* workspace,
+                        int64_t chunk_edges, ScalarKind scalar, IndexKind row_index, IndexKind other_index,
+                        cudaStream_t stream);
 
 // Edges sorted by row (edgedot/csrc/sort_by_row.cu), for num_edges and num_rows below 2**31:
 // keys and positions hold 2 * num_edges entries each (two buffers of num_edges); temp holds
 // sort_by_row_temp_bytes bytes. Returns which buffer (0 or 1) holds the sorted keys (row_idx,
 // with out-of-range rows as num_rows) and the positions of their edges, or -1 if CUB failed.
-size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows);
+size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
                        int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// A sorted edge in 64 bits: its other row in the low half (-1 when out of range), the bits of its
+// heads x grad_out values (at most 4 bytes, head 0 lowest) in the high half.
+__host__ __device__ inline uint64_t pack_edge(int32_t other, uint32_t grad_bits) {
+  return static_cast<uint64_t>(grad_bits) << 32 | static_cast<uint32_t>(other);
+}
+
+// The same sort for the edges of args (other.num_rows below 2**31 too, heads x grad_bytes at
+// most 4), carrying pack_edge pairs instead of positions: pairs holds 2 * num_edges entries, temp
+// sort_by_row_temp_bytes(..., packed = true) bytes.
+int launch_sort_packed_by_row(const GradArgs& args, IndexKind row_index, IndexKind other_index, int grad_bytes,
+                              int32_t* keys, uint64_t* pairs, void* temp, size_t temp_bytes, cudaStream_t stream);
 
 // Visit order for the forward (edgedot/csrc/edge_order.cu), for 2 <= num_edges < 2**31: order
 // (num_edges ints) receives the edges grouped by buckets of 2**shift rows of row_idx, at most
