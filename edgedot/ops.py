@@ -75,7 +75,7 @@ def forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices):
 def grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
     """The CUDA gradient of one side behind both the custom op and the eager fast path."""
     if plan is not None:
-        check_plan_layout(plan, row_idx.shape[0], row_feat.shape[0], row_feat.device)
+        check_plan_layout(plan, row_idx.shape[0], row_feat.device)
     return cuda_module().grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
 
 
@@ -167,7 +167,7 @@ def _reduction(row_feat, row_idx, deterministic):
 
 
 def _grad_side(grad_rows, grad_out, row_feat, other_feat, row_idx, other_idx, plan, deterministic):
-    """One side's gradient: over a given plan's pieces, else by ``_reduction``."""
+    """One side's gradient: over a given plan's sorted edges, else by ``_reduction``."""
     if plan is not None or not row_idx.is_cuda:
         return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, plan, "atomic")
     return grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx, None,

@@ -5,13 +5,13 @@ import edgedot
 
 dev = "cuda"
 for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
-    for D in [3, 128]:
+    for D in [3, 128, 129]:
         for it in [torch.int32, torch.int64]:
             s = torch.randn(50, 2, D, device=dev, dtype=dt, requires_grad=True)
             d = torch.randn(40, 1, D, device=dev, dtype=dt, requires_grad=True)
             si = torch.randint(0, 50, (700,), device=dev, dtype=it)
             di = torch.randint(0, 40, (700,), device=dev, dtype=it)
-            si[:300] = 7  # a hot row longer than a piece, so it is split
+            si[:300] = 7  # a hot row longer than a chunk, so it is split
             plan = edgedot.EdgePlan(si, di, 50, 40)
             for kw in ({}, {"plan": plan}, {"deterministic": True}):
                 out = edgedot.edge_dot(s, d, si, di, **kw)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PIECE_LEN, piece_len, assert_accurate, check_backward,
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, CHUNK_EDGES, assert_accurate, check_backward,
                    dtype_id, edgedot_grads, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
                    reference, reference_grads, rel_error, requires_cuda, scatter_grads, skewed_index)
 
@@ -14,7 +14,7 @@ GRAD_CASES = {
     "heads": (40, (3, 16), 30, (3, 16), 400),
     "broadcast_1": (40, (1, 16), 30, (4, 16), 400),
     "broadcast_2d": (40, (4, 16), 30, (16,), 400),
-    "hot_rows": (50, (8,), 20, (8,), 3 * PIECE_LEN + 100),
+    "hot_rows": (50, (8,), 20, (8,), 3 * CHUNK_EDGES + 100),
     "one_edge": (3, (5,), 4, (5,), 1),
     "no_edges": (3, (2, 5), 4, (2, 5), 0),
 }
@@ -25,9 +25,9 @@ def _graph(case, dtype, index_dtype, device, seed=0):
     g = gen(seed)
     src = rand_feat((num_src, *src_shape), dtype, device, g)
     dst = rand_feat((num_dst, *dst_shape), dtype, device, g)
-    if case == "hot_rows":  # rows longer than PIECE_LEN on both sides (pieces get split)
-        src_idx = skewed_index(num_src, num_edges, index_dtype, device, g, hot={1: PIECE_LEN + 1})
-        dst_idx = skewed_index(num_dst, num_edges, index_dtype, device, g, hot={2: 2 * PIECE_LEN})
+    if case == "hot_rows":  # rows longer than CHUNK_EDGES on both sides (split across chunks)
+        src_idx = skewed_index(num_src, num_edges, index_dtype, device, g, hot={1: CHUNK_EDGES + 1})
+        dst_idx = skewed_index(num_dst, num_edges, index_dtype, device, g, hot={2: 2 * CHUNK_EDGES})
     else:
         src_idx = rand_index(num_src, num_edges, index_dtype, device, g)
         dst_idx = rand_index(num_dst, num_edges, index_dtype, device, g)
@@ -70,7 +70,7 @@ def test_cuda_grad_large_skewed(dim, dtype, use_plan, deterministic):
     src = rand_feat((num_src, dim), dtype, "cuda", g)
     dst = rand_feat((num_dst, 2, dim), dtype, "cuda", g)
     src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={5: num_edges // 3})
-    dst_idx = skewed_index(num_dst, num_edges, torch.int32, "cuda", g, hot={9: 10 * PIECE_LEN + 3})
+    dst_idx = skewed_index(num_dst, num_edges, torch.int32, "cuda", g, hot={9: 10 * CHUNK_EDGES + 3})
     grad_out = rand_feat((num_edges, 2), dtype, "cuda", g)
     plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst) if use_plan else None
     # Without a plan or determinism, float32 rows wider than DOUBLE_ACCUM_MAX_DIM are summed with
@@ -84,14 +84,14 @@ def test_cuda_grad_large_skewed(dim, dtype, use_plan, deterministic):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_cuda_grad_longest_pieces(dtype):
-    """A graph big enough for pieces of the full PIECE_LEN, with rows split many times."""
+def test_cuda_grad_big_graph_hot_rows(dtype):
+    """2**24 edges, one row of 2**20 of them (thousands of chunks), with a plan: as accurate as
+    the reference, and bitwise reproducible."""
     g = gen(13)
     num_src, num_dst, num_edges, dim = 100_000, 70_000, 1 << 24, 16
-    assert piece_len(num_edges) == PIECE_LEN
     src = rand_feat((num_src, dim), dtype, "cuda", g)
     dst = rand_feat((num_dst, dim), dtype, "cuda", g)
-    src_idx = skewed_index(num_src, num_edges, torch.int32, "cuda", g, hot={3: 1 << 20, 4: PIECE_LEN + 1})
+    src_idx = skewed_index(num_src, num_edges, torch.int32, "cuda", g, hot={3: 1 << 20, 4: CHUNK_EDGES + 1})
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges,), dtype, "cuda", g)
     plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
@@ -107,8 +107,8 @@ def test_cuda_grad_longest_pieces(dtype):
 def test_gradcheck(device, case, use_plan, deterministic):
     num_src, src_shape, num_dst, dst_shape, _ = GRAD_CASES[case]
     g = gen(3)
-    if case == "hot_rows":  # keep gradcheck cheap, but still split a row into pieces
-        num_src, num_dst, src_shape, dst_shape, num_edges = 4, 3, (2,), (2,), PIECE_LEN + 7
+    if case == "hot_rows":  # keep gradcheck cheap, but still split a row across chunks
+        num_src, num_dst, src_shape, dst_shape, num_edges = 4, 3, (2,), (2,), CHUNK_EDGES + 7
     else:
         num_src, num_dst, num_edges = 6, 5, 12
         src_shape, dst_shape = tuple(min(s, 3) for s in src_shape), tuple(min(s, 3) for s in dst_shape)
@@ -132,8 +132,8 @@ def test_same_tensor_both_sides(device, dtype, use_plan, shape):
     """edge_dot(x, x, s, d): the two gradient contributions are summed into x.grad."""
     g = gen(4)
     x = rand_feat(shape, dtype, device, g)
-    num_edges = PIECE_LEN + 50
-    src_idx = skewed_index(30, num_edges, torch.int64, device, g, hot={0: PIECE_LEN + 1})
+    num_edges = CHUNK_EDGES + 50
+    src_idx = skewed_index(30, num_edges, torch.int64, device, g, hot={0: CHUNK_EDGES + 1})
     dst_idx = rand_index(30, num_edges, torch.int64, device, g)
     grad_out = _grad_out(x, x, num_edges, g)
     plan = edgedot.EdgePlan(src_idx, dst_idx, 30, 30) if use_plan else None
@@ -238,8 +238,8 @@ def test_empty_graph_backward(device):
 def test_plan_reuse(device):
     """One plan serves many steps: identical grads for identical inputs, correct for new ones."""
     g = gen(10)
-    num_src, num_dst, num_edges = 60, 50, 4 * PIECE_LEN
-    src_idx = skewed_index(num_src, num_edges, torch.int32, device, g, hot={4: 2 * PIECE_LEN + 5})
+    num_src, num_dst, num_edges = 60, 50, 4 * CHUNK_EDGES
+    src_idx = skewed_index(num_src, num_edges, torch.int32, device, g, hot={4: 2 * CHUNK_EDGES + 5})
     dst_idx = rand_index(num_dst, num_edges, torch.int64, device, g)
     plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
     src, dst = rand_feat((num_src, 16), device=device, g=g), rand_feat((num_dst, 16), device=device, g=g)
@@ -269,12 +269,12 @@ def _hot_graph(device, dtype=torch.float32):
     g = gen(11)
     big = device == "cuda"
     num_src, num_dst = (5000, 3000) if big else (300, 200)
-    num_edges = (1 << 19) if big else 8 * PIECE_LEN
-    hot_src = {0: num_edges // 4, 17: PIECE_LEN + 1, 18: 3 * PIECE_LEN} if big else {0: 3 * PIECE_LEN + 1}
+    num_edges = (1 << 19) if big else 8 * CHUNK_EDGES
+    hot_src = {0: num_edges // 4, 17: CHUNK_EDGES + 1, 18: 3 * CHUNK_EDGES} if big else {0: 3 * CHUNK_EDGES + 1}
     src_idx = skewed_index(num_src, num_edges, torch.int64, device, g, hot=hot_src)
-    dst_idx = skewed_index(num_dst, num_edges, torch.int32, device, g, hot={1: 2 * PIECE_LEN + 9})
-    assert torch.bincount(src_idx.long()).max() > PIECE_LEN
-    assert torch.bincount(dst_idx.long()).max() > PIECE_LEN
+    dst_idx = skewed_index(num_dst, num_edges, torch.int32, device, g, hot={1: 2 * CHUNK_EDGES + 9})
+    assert torch.bincount(src_idx.long()).max() > CHUNK_EDGES
+    assert torch.bincount(dst_idx.long()).max() > CHUNK_EDGES
     src = rand_feat((num_src, 2, 64), dtype, device, g)
     dst = rand_feat((num_dst, 2, 64), dtype, device, g)
     grad_out = rand_feat((num_edges, 2), dtype, device, g)
@@ -295,12 +295,12 @@ def test_deterministic_bitwise(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_deterministic_bitwise_on_rmat(device):
-    """A power-law R-MAT graph (Graph500 parameters): its hot rows span many pieces and chunks.
+    """A power-law R-MAT graph (Graph500 parameters): its hot rows span many chunks.
     Deterministic mode, with and without a plan, gives the same bits in every one of 5 runs."""
     from edgedot._graphs import rmat_edges
     scale, num_edges = (16, 1 << 20) if device == "cuda" else (10, 1 << 14)
     src_idx, dst_idx = rmat_edges(scale, num_edges, torch.Generator(device).manual_seed(5))
-    assert torch.bincount(src_idx).max() > PIECE_LEN, "no hot row: the graph does not test splitting"
+    assert torch.bincount(src_idx).max() > CHUNK_EDGES, "no hot row: the graph does not test splitting"
     num_rows = 1 << scale
     src = rand_feat((num_rows, 32), torch.float32, device, gen(6))
     dst = rand_feat((num_rows, 32), torch.float32, device, gen(7))

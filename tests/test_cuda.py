@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import (PIECE_LEN, assert_accurate, fill_cuda_cache_with_nan, gen, rand_feat, rand_index, reference,
+from utils import (CHUNK_EDGES, assert_accurate, fill_cuda_cache_with_nan, gen, rand_feat, rand_index, reference,
                    reference64, reference_grads, requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
@@ -14,7 +14,7 @@ def _static_inputs(heads, g):
     num_src, num_dst, num_edges = 3000, 2000, 50_000
     src = rand_feat((num_src, 4, 64) if heads else (num_src, 64), torch.float32, "cuda", g)
     dst = rand_feat((num_dst, 1, 64) if heads else (num_dst, 64), torch.float32, "cuda", g)
-    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={0: 4 * PIECE_LEN})
+    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={0: 4 * CHUNK_EDGES})
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     return src, dst, src_idx, dst_idx
 
@@ -178,7 +178,7 @@ def test_half_gradients_of_large_graphs(dtype, heads, deterministic, sort_large_
     num_src, num_dst, num_edges = 50_000, 40_000, SORT_MIN_EDGES + 123
     src = rand_feat((num_src, heads, 32), dtype, "cuda", g)
     dst = rand_feat((num_dst, 1, 32), dtype, "cuda", g)
-    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={7: 20 * PIECE_LEN})
+    src_idx = skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={7: 20 * CHUNK_EDGES})
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges, heads), dtype, "cuda", g)
     got = edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic)
@@ -204,7 +204,7 @@ def test_large_graph_sorted_on_one_side(dtype, deterministic, sort_large_gradien
     num_src, num_dst, num_edges, dim = 30_000, 20_000, SORT_MIN_EDGES + 77, 40
     src = rand_feat((num_src, dim), dtype, "cuda", g)
     dst = rand_feat((num_dst, dim), dtype, "cuda", g)
-    src_idx = torch.sort(skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={11: 5 * PIECE_LEN}))[0]
+    src_idx = torch.sort(skewed_index(num_src, num_edges, torch.int64, "cuda", g, hot={11: 5 * CHUNK_EDGES}))[0]
     dst_idx = rand_index(num_dst, num_edges, torch.int32, "cuda", g)
     grad_out = rand_feat((num_edges,), dtype, "cuda", g)
     runs = [edgedot_grads(src, dst, src_idx, dst_idx, grad_out, deterministic=deterministic) for _ in range(2)]

@@ -5,7 +5,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from utils import (DEVICES, PIECE_LEN, assert_accurate, check_backward, dtype_id, gen, rand_feat,
+from utils import (DEVICES, CHUNK_EDGES, assert_accurate, check_backward, dtype_id, gen, rand_feat,
                    rand_index, reference, reference64, reference_grads, rel_error, skewed_index)
 
 OP = torch.ops.edgedot.edge_dot.default
@@ -19,12 +19,12 @@ SHAPES = {  # name -> (src shape, dst shape)
 }
 
 
-def _inputs(shape, dtype, device, requires_grad, index_dtype=torch.int64, num_edges=PIECE_LEN + 20, seed=0):
+def _inputs(shape, dtype, device, requires_grad, index_dtype=torch.int64, num_edges=CHUNK_EDGES + 20, seed=0):
     g = gen(seed)
     src_shape, dst_shape = SHAPES[shape]
     src = rand_feat(src_shape, dtype, device, g, requires_grad)
     dst = rand_feat(dst_shape, dtype, device, g, requires_grad)
-    src_idx = skewed_index(src_shape[0], num_edges, index_dtype, device, g, hot={2: PIECE_LEN + 1})
+    src_idx = skewed_index(src_shape[0], num_edges, index_dtype, device, g, hot={2: CHUNK_EDGES + 1})
     dst_idx = rand_index(dst_shape[0], num_edges, index_dtype, device, g)
     return src, dst, src_idx, dst_idx
 

@@ -29,7 +29,9 @@ FLOORS = {
     torch.bfloat16: 8e-3,
 }
 
-from edgedot.plan import PIECE_LEN, piece_len  # noqa: E402,F401  (re-exported for the tests)
+# Edges in the longest chunk the sorted reduction walks (kMaxChunkEdges in
+# edgedot/csrc/backward_sorted.cu): a row longer than this spans several chunks at any graph size.
+CHUNK_EDGES = 256
 
 
 def dtype_id(dtype):

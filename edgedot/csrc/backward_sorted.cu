@@ -1,7 +1,8 @@
-// Backward over edges sorted by row: each group walks a chunk of consecutive edges, sums each run
-// of one row in registers and writes the row once; no float atomics. A run cut by a chunk
-// boundary is parked in a workspace slot, and the chunk where its row starts sums the slots in
-// chunk order. The result depends only on the edge order: bitwise reproducible.
+// Backward over edges sorted by row (as given, sorted per call, or from an EdgePlan): each group
+// walks a chunk of consecutive edges, sums each run of one row in registers and writes the row
+// once; no float atomics. A run cut by a chunk boundary is parked in a workspace slot, and the
+// chunk where its row starts sums the slots in chunk order. The result depends only on the edge
+// order: bitwise reproducible.
 #include <algorithm>
 
 #include "grad_common.cuh"
@@ -19,9 +20,9 @@ constexpr int kSortedBlocksPerSM = 2;
 
 // Row of position i, with every out-of-range index folded onto -1 or num_rows: sorted stays
 // sorted, and those runs belong to no row.
-template <typename Idx>
-__device__ __forceinline__ int64_t row_at(const Idx* rows, int64_t i, int64_t num_rows) {
-  const int64_t r = static_cast<int64_t>(rows[i]);
+template <typename Edges>
+__device__ __forceinline__ int64_t row_at(const Edges& edges, int64_t i, int64_t num_rows) {
+  const int64_t r = static_cast<int64_t>(edges.row(i));
   return r < 0 ? -1 : (r > num_rows ? num_rows : r);
 }
 
@@ -86,11 +87,10 @@ grad_sorted_kernel(GradArgs a, Edges edges, T* __restrict__ grad, accum_t<T>* __
 
 // For each row cut by chunk boundaries, the chunk where it starts sums its own slot and the
 // continuing chunks' slots in chunk order, in double (a hot row spans thousands of chunks).
-template <typename T, int VEC, typename RowIdx>
+template <typename T, int VEC, typename Edges>
 __global__ void __launch_bounds__(kBlockThreads)
-combine_chunks_kernel(GradArgs a, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace, int group,
-                      int64_t chunk_edges) {
-  const RowIdx* __restrict__ row_idx = static_cast<const RowIdx*>(a.row_idx);
+combine_chunks_kernel(GradArgs a, Edges edges, T* __restrict__ grad, const accum_t<T>* __restrict__ workspace,
+                      int group, int64_t chunk_edges) {
   const int64_t vectors = a.dim / VEC;
   const int64_t row_elems = a.row_heads * a.dim;
   const int64_t chunks = (a.num_edges + chunk_edges - 1) / chunk_edges;
@@ -102,17 +102,17 @@ combine_chunks_kernel(GradArgs a, T* __restrict__ grad, const accum_t<T>* __rest
     const int64_t begin = chunk * chunk_edges;
     const int64_t end = min(a.num_edges, begin + chunk_edges);
     if (end >= a.num_edges) continue;
-    const int64_t row = row_at(row_idx, end - 1, a.num_rows);
-    if (!in_range(row, a.num_rows) || row_at(row_idx, end, a.num_rows) != row) continue;
+    const int64_t row = row_at(edges, end - 1, a.num_rows);
+    if (!in_range(row, a.num_rows) || row_at(edges, end, a.num_rows) != row) continue;
     // The chunk's last run is a continuation (slot 2c) when the row fills the chunk and began before.
-    if (row_at(row_idx, begin, a.num_rows) == row && begin > 0 && row_at(row_idx, begin - 1, a.num_rows) == row) {
+    if (row_at(edges, begin, a.num_rows) == row && begin > 0 && row_at(edges, begin - 1, a.num_rows) == row) {
       continue;
     }
     const accum_t<T>* slots = workspace + row_head * a.dim;
     for (int64_t base = units.lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
       RowSlice<T, VEC, double> sum(base, group, vectors);
       sum.add_part(slots + (2 * chunk + 1) * row_elems);
-      for (int64_t next = chunk + 1; next < chunks && row_at(row_idx, next * chunk_edges, a.num_rows) == row; ++next) {
+      for (int64_t next = chunk + 1; next < chunks && row_at(edges, next * chunk_edges, a.num_rows) == row; ++next) {
         sum.add_part(slots + 2 * next * row_elems);
       }
       sum.store(grad + row * row_elems + row_head * a.dim);
@@ -128,8 +128,8 @@ void launch(const GradArgs& a, const Edges& edges, T* grad, void* workspace, int
   const int group = group_size(a.dim / VEC);
   auto reduce = grad_sorted_kernel<T, VEC, Edges>;
   reduce<<<grid_blocks(reduce, units * group), kBlockThreads, 0, stream>>>(a, edges, grad, w, group, chunk_edges);
-  auto combine = combine_chunks_kernel<T, VEC, typename Edges::Row>;
-  combine<<<grid_blocks(combine, units * group), kBlockThreads, 0, stream>>>(a, grad, w, group, chunk_edges);
+  auto combine = combine_chunks_kernel<T, VEC, Edges>;
+  combine<<<grid_blocks(combine, units * group), kBlockThreads, 0, stream>>>(a, edges, grad, w, group, chunk_edges);
 }
 
 template <typename T, typename Edges>
@@ -182,6 +182,15 @@ void launch_grad_sorted(const GradArgs& a, const uint64_t* pairs, void* grad, vo
         launch_with_vec<T>(a, edges, g, workspace, chunk_edges, stream);
       });
     });
+  });
+}
+
+void launch_grad_planned(const GradArgs& a, const PlanSide& plan, void* grad, void* workspace,
+                         int64_t chunk_edges, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto t) {
+    using T = decltype(t);
+    const PlannedEdges<T> edges{plan.order, plan.row_other, static_cast<const T*>(a.grad_out), a.heads, a.num_edges};
+    launch_with_vec<T>(a, edges, static_cast<T*>(grad), workspace, chunk_edges, stream);
   });
 }
 

@@ -313,16 +313,16 @@ std::tuple<at::Tensor, bool> edge_order(const at::Tensor& row_idx, const at::Ten
   return {buffer.narrow(0, 0, num_edges), buffer[num_edges].item<int32_t>() != 0};
 }
 
-// One side's gradient: over the plan's pieces if one is given, else by `reduction`:
+// One side's gradient: over the plan's sorted edges if one is given, else by `reduction`:
 //   "atomic"   edges as given, atomics into the gradient;
 //   "sorted"   row_idx is non-decreasing: each row written once, bitwise reproducible;
 //   "sort"     edges sorted stably by row here (sort_by_row), then as "sorted".
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
                      at::Tensor other_idx, c10::optional<at::Tensor> plan, const std::string& reduction) {
-  const bool sort_here = reduction == "sort";
-  const bool sorted = sort_here || reduction == "sorted";
-  TORCH_CHECK_VALUE(sorted || reduction == "atomic", "edgedot: unknown reduction '", reduction,
-                    "' (atomic, sorted or sort)");
+  TORCH_CHECK_VALUE(reduction == "atomic" || reduction == "sorted" || reduction == "sort",
+                    "edgedot: unknown reduction '", reduction, "' (atomic, sorted or sort)");
+  const bool sort_here = !plan.has_value() && reduction == "sort";
+  const bool sorted = plan.has_value() || sort_here || reduction == "sorted";
   const c10::cuda::CUDAGuard guard(row_feat.device());
   grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
   other_feat = unit_stride_last(other_feat);
@@ -332,7 +332,6 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
   const int64_t row_heads = heads_of(row_feat);
   const int64_t dim = row_feat.size(-1);
   const int64_t num_edges = row_idx.size(0);
-  const int64_t heads = grad_out.dim() == 2 ? grad_out.size(1) : 1;
   const at::ScalarType dtype = row_feat.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
   // Narrow float32 rows accumulate their atomics in double: on a row of some 350k edges, float
@@ -345,30 +344,7 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   GradArgs args{grad_out.data_ptr(), rows_of(other_feat), row_idx.data_ptr(), other_idx.data_ptr(),
-                num_rows, row_heads, num_edges, heads, dim};
-  if (plan.has_value()) {
-    // Layout checked in Python (edgedot/ops.py): [order, other_sorted | 4 x pieces | 2 x rows].
-    const at::Tensor& packed = *plan;
-    const int64_t rest = packed.numel() - 2 * num_edges - 2 * num_rows;
-    const int64_t pieces = rest / 4;
-    const int64_t* p = packed.data_ptr<int64_t>();
-    const PlanArgs plan_args{p,
-                             p + num_edges,
-                             p + 2 * num_edges,
-                             p + 2 * num_edges + pieces,
-                             p + 2 * num_edges + 2 * pieces,
-                             p + 2 * num_edges + 3 * pieces,
-                             p + 2 * num_edges + 4 * pieces,
-                             p + 2 * num_edges + 4 * pieces + num_rows,
-                             pieces};
-    // Split rows have fewer slots than 2 * (pieces - num_rows) + 1 (see edgedot/plan.py).
-    const int64_t slots = 2 * (pieces - num_rows) + 1;
-    at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
-    at::Tensor workspace = at::empty({slots, row_heads, dim}, options.dtype(accum));
-    launch_grad_segment(args, plan_args, grad.data_ptr(), workspace.data_ptr(), scalar_kind(dtype), stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return grad.view(row_feat.sizes());
-  }
+                num_rows, row_heads, num_edges, grad_out.dim() == 2 ? grad_out.size(1) : 1, dim};
   if (sorted) {
     at::Tensor pairs;  // defined when the sort packed each edge's other row and gradient
     if (sort_here && packable_sort(args, grad_out.element_size())) {
@@ -384,9 +360,16 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     at::Tensor grad = at::empty({num_rows, row_heads, dim}, options);
     at::Tensor workspace = at::empty({sorted_workspace_slots(args, chunk_edges), row_heads, dim},
                                      options.dtype(half ? at::kFloat : dtype));
-    const auto* packed = pairs.defined() ? reinterpret_cast<const uint64_t*>(pairs.data_ptr<int64_t>()) : nullptr;
-    launch_grad_sorted(args, packed, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),
-                       index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"), stream);
+    if (plan.has_value()) {
+      // Layout checked in Python (edgedot/plan.py): [order | row_other], num_edges each.
+      const int64_t* p = plan->data_ptr<int64_t>();
+      launch_grad_planned(args, PlanSide{p, reinterpret_cast<const uint64_t*>(p + num_edges)}, grad.data_ptr(),
+                          workspace.data_ptr(), chunk_edges, scalar_kind(dtype), stream);
+    } else {
+      const auto* packed = pairs.defined() ? reinterpret_cast<const uint64_t*>(pairs.data_ptr<int64_t>()) : nullptr;
+      launch_grad_sorted(args, packed, grad.data_ptr(), workspace.data_ptr(), chunk_edges, scalar_kind(dtype),
+                         index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"), stream);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad.view(row_feat.sizes());
   }

@@ -42,18 +42,18 @@ struct GradArgs {
   int64_t num_rows, row_heads, num_edges, heads, dim;
 };
 
-// Edge groupings of edgedot.plan.build_side, unpacked.
-struct PlanArgs {
+// One side of an EdgePlan (edgedot.plan.build_side): sorted position i holds edge order[i], whose
+// row and other row are packed in row_other[i] as plan_edge(row, other).
+struct PlanSide {
   const int64_t* order;
-  const int64_t* other_sorted;
-  const int64_t* piece_row;
-  const int64_t* piece_begin;
-  const int64_t* piece_end;
-  const int64_t* piece_slot;
-  const int64_t* row_slot_begin;
-  const int64_t* row_pieces;
-  int64_t num_pieces;
+  const uint64_t* row_other;
 };
+
+// A planned edge in 64 bits: its other row in the low half (-1 when out of range), its row in the
+// high half (num_rows when out of range). edgedot/plan.py packs the same layout.
+__host__ __device__ inline uint64_t plan_edge(int32_t row, int32_t other) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(row)) << 32 | static_cast<uint32_t>(other);
+}
 
 // out[e, h] = <src[src_idx[e], h], dst[dst_idx[e], h]>; out-of-range edges yield NaN.
 // With an order (order.order not null), the edges are visited in that order when *order.used != 0.
@@ -65,12 +65,6 @@ void launch_forward(const ForwardArgs& args, const EdgeOrder& order, ScalarKind 
 // else the scalar type itself.
 void launch_grad_atomic(const GradArgs& args, void* grad_acc, ScalarKind scalar, bool double_accum,
                         IndexKind row_index, IndexKind other_index, cudaStream_t stream);
-
-// The same gradient reduced per row over the plan's pieces, without atomics. Writes every row of
-// grad (scalar type); pieces of split rows go to workspace (accumulation type) and are then summed
-// in slot order, so the result is bitwise reproducible.
-void launch_grad_segment(const GradArgs& args, const PlanArgs& plan, void* grad, void* workspace,
-                         ScalarKind scalar, cudaStream_t stream);
 
 // The same gradient over edges sorted by row (row_idx non-decreasing; out-of-range rows are
 // skipped), without atomics: each run of a row is summed in registers and written to grad (scalar
@@ -84,6 +78,10 @@ int64_t sorted_workspace_slots(const GradArgs& args, int64_t chunk_edges);
 void launch_grad_sorted(const GradArgs& args, const uint64_t* pairs, void* grad, void* workspace,
                         int64_t chunk_edges, ScalarKind scalar, IndexKind row_index, IndexKind other_index,
                         cudaStream_t stream);
+// The same reduction over a plan side's sorted edges, each edge's gradient gathered from
+// args.grad_out through plan.order: args.row_idx and args.other_idx are not read.
+void launch_grad_planned(const GradArgs& args, const PlanSide& plan, void* grad, void* workspace,
+                         int64_t chunk_edges, ScalarKind scalar, cudaStream_t stream);
 
 // Edges sorted by row (edgedot/csrc/sort_by_row.cu), for num_edges and num_rows below 2**31:
 // keys and positions hold 2 * num_edges entries each (two buffers of num_edges); temp holds

@@ -149,6 +149,24 @@ struct PackedEdges {
   }
 };
 
+// Edges of an EdgePlan side: position i has the row and other row of row_other[i] (plan_edge) and
+// the gradient of edge order[i], gathered; an order outside [0, num_edges) adds nothing.
+template <typename T>
+struct PlannedEdges {
+  using Row = int32_t;
+  const int64_t* __restrict__ order;
+  const uint64_t* __restrict__ row_other;
+  const T* __restrict__ grad_out;
+  int64_t heads, num_edges;
+
+  __device__ __forceinline__ Row row(int64_t i) const { return static_cast<int32_t>(row_other[i] >> 32); }
+  __device__ __forceinline__ int64_t other(int64_t i) const { return static_cast<int32_t>(row_other[i]); }
+  __device__ __forceinline__ accum_t<T> grad(int64_t i, int64_t h) const {
+    const int64_t e = order[i];
+    return in_range(e, num_edges) ? to_accum(grad_out[e * heads + h]) : accum_t<T>(0);
+  }
+};
+
 // Walks positions [begin, end) of `edges` in order for one slice of a gradient row, adding heads
 // first_head .. first_head + head_count - 1 of each edge: sums g * other_row over each run of
 // equal rows in `slice`, and at each change of row calls on_run_end(row, next_row) before the
