@@ -42,18 +42,13 @@ struct GradArgs {
   int64_t num_rows, row_heads, num_edges, heads, dim;
 };
 
-// One side of an EdgePlan (edgedot.plan.build_side): sorted position i holds edge order[i], whose
-// row and other row are packed in row_other[i] as plan_edge(row, other).
+// One side of an EdgePlan (edgedot.plan.build_side): sorted position i holds edge order[i];
+// row_other[i] has its row in the high 32 bits (num_rows when out of range) and its other row in
+// the low 32 bits (-1 when out of range).
 struct PlanSide {
   const int64_t* order;
   const uint64_t* row_other;
 };
-
-// A planned edge in 64 bits: its other row in the low half (-1 when out of range), its row in the
-// high half (num_rows when out of range). edgedot/plan.py packs the same layout.
-__host__ __device__ inline uint64_t plan_edge(int32_t row, int32_t other) {
-  return static_cast<uint64_t>(static_cast<uint32_t>(row)) << 32 | static_cast<uint32_t>(other);
-}
 
 // out[e, h] = <src[src_idx[e], h], dst[dst_idx[e], h]>; out-of-range edges yield NaN.
 // With an order (order.order not null), the edges are visited in that order when *order.used != 0.

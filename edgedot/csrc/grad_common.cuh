@@ -149,8 +149,9 @@ struct PackedEdges {
   }
 };
 
-// Edges of an EdgePlan side: position i has the row and other row of row_other[i] (plan_edge) and
-// the gradient of edge order[i], gathered; an order outside [0, num_edges) adds nothing.
+// Edges of an EdgePlan side (PlanSide in edgedot.h): position i has the row and other row packed
+// in row_other[i] and the gradient of edge order[i], gathered; an order outside [0, num_edges)
+// adds nothing.
 template <typename T>
 struct PlannedEdges {
   using Row = int32_t;
