@@ -60,7 +60,7 @@ grad_atomic_kernel(GradArgs a, Edges edges, Acc* __restrict__ grad, int group, i
           if (slice.has(u)) atomic_add_vec<VEC>(p + slice.offset(u), slice.acc[u]);
         }
       };
-      const Row last = sum_runs(a, edges, e_begin, e_end, h, 1, slice, [&](Row row, Row) { flush(row); });
+      const Row last = sum_runs<true>(a, edges, e_begin, e_end, h, 1, slice, [&](Row row, Row) { flush(row); });
       flush(last);
     }
   }

@@ -168,21 +168,51 @@ struct PlannedEdges {
   }
 };
 
+// Item n of a walk over positions from `begin`, head_count heads each from first_head: head
+// first_head + n % head_count of position begin + n / head_count.
+struct WalkItem {
+  int64_t i, h;
+
+  __device__ __forceinline__ WalkItem(int64_t begin, int64_t n, int64_t first_head, int64_t head_count) {
+    const int64_t step = head_count == 1 ? n : n / head_count;
+    i = begin + step;
+    h = first_head + (n - step * head_count);
+  }
+};
+
+// The other row item n adds, or null when its other row is out of range.
+template <typename T, typename Edges>
+__device__ __forceinline__ const T* other_row(const GradArgs& a, const Edges& edges, const WalkItem& item) {
+  const int64_t o = edges.other(item.i);
+  return in_range(o, a.other.num_rows)
+             ? static_cast<const T*>(a.other.data) + o * a.other.row_stride + item.h * a.other.head_stride
+             : nullptr;
+}
+
 // Walks positions [begin, end) of `edges` in order for one slice of a gradient row, adding heads
 // first_head .. first_head + head_count - 1 of each edge: sums g * other_row over each run of
 // equal rows in `slice`, and at each change of row calls on_run_end(row, next_row) before the
 // slice is cleared. Rows are compared as stored, so out-of-range rows form runs of their own;
 // an edge with an out-of-range index adds nothing. Returns the last run's row, whose sum stays in
 // `slice`. Needs begin < end.
-template <typename T, int VEC, typename Edges, typename OnRunEnd>
+// The gather waits on the other rows' indices. With kPrefetch, the next batch's are loaded while
+// this batch's rows are in flight (one memory latency per batch instead of two), at the cost of
+// two more pointers per item in registers.
+template <bool kPrefetch, typename T, int VEC, typename Edges, typename OnRunEnd>
 __device__ __forceinline__ typename Edges::Row sum_runs(const GradArgs& a, const Edges& edges, int64_t begin,
                                                         int64_t end, int64_t first_head, int64_t head_count,
                                                         RowSlice<T, VEC>& slice, OnRunEnd&& on_run_end) {
   using Row = typename Edges::Row;
-  const T* __restrict__ other = static_cast<const T*>(a.other.data);
-
   Row current = edges.row(begin);
   const int64_t items = (end - begin) * head_count;
+  const T* others[kGradItemsInFlight];
+  auto find_others = [&](int64_t first) {
+#pragma unroll
+    for (int k = 0; k < kGradItemsInFlight; ++k) {
+      if (first + k < items) others[k] = other_row<T>(a, edges, WalkItem(begin, first + k, first_head, head_count));
+    }
+  };
+  if constexpr (kPrefetch) find_others(0);
   for (int64_t first = 0; first < items; first += kGradItemsInFlight) {
     Row rows[kGradItemsInFlight];
     bool adds[kGradItemsInFlight];
@@ -190,21 +220,19 @@ __device__ __forceinline__ typename Edges::Row sum_runs(const GradArgs& a, const
     typename RowSlice<T, VEC>::Vectors x[kGradItemsInFlight];
 #pragma unroll
     for (int k = 0; k < kGradItemsInFlight; ++k) {
-      const int64_t item = first + k;
       adds[k] = false;
-      if (item < items) {
-        const int64_t step = head_count == 1 ? item : item / head_count;
-        const int64_t i = begin + step;
-        const int64_t h = first_head + (item - step * head_count);
-        rows[k] = edges.row(i);
-        const int64_t o = edges.other(i);
-        adds[k] = in_range(rows[k], a.num_rows) && in_range(o, a.other.num_rows);
+      if (first + k < items) {
+        const WalkItem item(begin, first + k, first_head, head_count);
+        if constexpr (!kPrefetch) others[k] = other_row<T>(a, edges, item);
+        rows[k] = edges.row(item.i);
+        adds[k] = others[k] != nullptr;
         if (adds[k]) {
-          g[k] = edges.grad(i, h);
-          slice.load(x[k], other + o * a.other.row_stride + h * a.other.head_stride);
+          slice.load(x[k], others[k]);
+          g[k] = edges.grad(item.i, item.h);
         }
       }
     }
+    if constexpr (kPrefetch) find_others(first + kGradItemsInFlight);
 #pragma unroll
     for (int k = 0; k < kGradItemsInFlight; ++k) {
       if (first + k >= items) break;
@@ -213,7 +241,7 @@ __device__ __forceinline__ typename Edges::Row sum_runs(const GradArgs& a, const
         slice.zero();
         current = rows[k];
       }
-      if (adds[k]) slice.add(g[k], x[k]);
+      if (adds[k] && in_range(rows[k], a.num_rows)) slice.add(g[k], x[k]);
     }
   }
   return current;
