@@ -154,7 +154,7 @@ int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t max_chunks = std::max<int64_t>(1, kWorkspaceBytes / slot_bytes);
   // About sixteen chunks per group a full GPU holds, so that every SM has work on small graphs and
   // the groups finish together (four measured up to 7% slower with 2M edges, or 64-float rows); at
-  // most kMaxChunkEdges, so that no group walks far alone.
+  // most kMaxChunkEdges, so that no group walks far alone, unless the workspace cap needs more.
   int64_t vec = 1;
   dispatch_scalar(scalar, [&](auto t) {
     using T = decltype(t);
@@ -163,7 +163,16 @@ int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t resident_groups =
       static_cast<int64_t>(sm_count()) * kSortedBlocksPerSM * kBlockThreads / group_size(a.dim / vec);
   const int64_t balanced = std::clamp<int64_t>(a.num_edges / (16 * resident_groups), kMinChunkEdges, kMaxChunkEdges);
-  return std::max(balanced, (a.num_edges + max_chunks - 1) / max_chunks);
+  const int64_t chunk_edges = std::max(balanced, (a.num_edges + max_chunks - 1) / max_chunks);
+  // Whole waves: chunks lengthened until their count is at most a multiple of the resident groups,
+  // so that no group walks one chunk more than the others at the end, if they grow by at most an
+  // eighth. Measured on an H200: 2M edges, 7 waves, 6% longer: 4-7% faster; 2**24 edges, float32,
+  // 7 waves, 11% longer: within 2%; bf16, 3 waves, 29% longer: 7-12% slower.
+  const int64_t waves = (a.num_edges + chunk_edges - 1) / chunk_edges * a.row_heads / resident_groups;
+  if (waves == 0) return chunk_edges;
+  const int64_t whole = waves * resident_groups;
+  const int64_t even = (a.num_edges * a.row_heads + whole - 1) / whole;
+  return even <= chunk_edges + chunk_edges / 8 ? std::max(chunk_edges, even) : chunk_edges;
 }
 
 int64_t sorted_workspace_slots(const GradArgs& a, int64_t chunk_edges) {

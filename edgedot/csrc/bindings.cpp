@@ -326,8 +326,10 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
   const c10::cuda::CUDAGuard guard(row_feat.device());
   grad_out = grad_out.to(row_feat.scalar_type()).contiguous();
   other_feat = unit_stride_last(other_feat);
-  row_idx = row_idx.contiguous();
-  other_idx = other_idx.contiguous();
+  if (!plan.has_value()) {  // a plan holds the rows itself: the index tensors are not read
+    row_idx = row_idx.contiguous();
+    other_idx = other_idx.contiguous();
+  }
   const int64_t num_rows = row_feat.size(0);
   const int64_t row_heads = heads_of(row_feat);
   const int64_t dim = row_feat.size(-1);
