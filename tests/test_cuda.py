@@ -254,66 +254,68 @@ def test_large_graph_unchecked_out_of_range_edges_add_nothing(order, dtype, sort
         assert_accurate(gr, lo, w, dtype, name)
 
 
+def _one_side_grad(row_idx, num_rows, dtype, reduction, g, num_other, dim, heads):
+    """edge_dot_grad over the given rows, with random other rows, features and gradient: a function
+    that computes it into memory that held NaN, and the float64 and dtype references."""
+    from edgedot.ops import edge_dot_grad_op
+
+    other_idx = rand_index(num_other, row_idx.shape[0], torch.int64, "cuda", g)
+    row_feat = rand_feat((num_rows, heads, dim), dtype, "cuda", g)
+    other_feat = rand_feat((num_other, heads, dim), dtype, "cuda", g)
+    grad_out = rand_feat((row_idx.shape[0], heads), dtype, "cuda", g)
+    want = torch.zeros(num_rows, heads, dim, dtype=torch.float64, device="cuda")
+    want.index_add_(0, row_idx.long(), grad_out.double()[..., None] * other_feat.double()[other_idx])
+    lowp = torch.zeros_like(row_feat).index_add_(0, row_idx.long(), grad_out[..., None] * other_feat[other_idx])
+
+    def grad():
+        fill_cuda_cache_with_nan()
+        return edge_dot_grad_op(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
+
+    return grad, want, lowp
+
+
 @pytest.mark.parametrize("reduction", ["sorted", "sort"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_rows_without_edges_are_zero(dtype, reduction):
     """The sorted reduction writes every row itself (no memset): rows before, between and after
     the rows with edges come out as exact zeros, even in memory that held NaN."""
-    from edgedot.ops import edge_dot_grad_op
-
     g = gen(23)
-    num_rows, num_other, dim, heads = 1000, 50, 24, 2
+    num_rows = 1000
     rows = torch.cat([torch.randint(100, 200, (3000,), generator=g), torch.randint(500, 503, (2000,), generator=g),
                       torch.tensor([998])])
     row_idx = (torch.sort(rows)[0] if reduction == "sorted" else rows).to(torch.int32).cuda()
-    other_idx = rand_index(num_other, row_idx.shape[0], torch.int64, "cuda", g)
-    row_feat = rand_feat((num_rows, heads, dim), dtype, "cuda", g)
-    other_feat = rand_feat((num_other, heads, dim), dtype, "cuda", g)
-    grad_out = rand_feat((row_idx.shape[0], heads), dtype, "cuda", g)
-    fill_cuda_cache_with_nan()
-    got = edge_dot_grad_op(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
+    grad, want, lowp = _one_side_grad(row_idx, num_rows, dtype, reduction, g, num_other=50, dim=24, heads=2)
+    got = grad()
     empty = torch.ones(num_rows, dtype=torch.bool)
     empty[rows.unique()] = False
     assert torch.equal(got[empty.cuda()], torch.zeros_like(got[empty.cuda()]))
-    want = torch.zeros(num_rows, heads, dim, dtype=torch.float64, device="cuda")
-    want.index_add_(0, row_idx.long(), grad_out.double()[..., None] * other_feat.double()[other_idx])
-    lowp = torch.zeros_like(row_feat).index_add_(0, row_idx.long(), grad_out[..., None] * other_feat[other_idx])
     assert_accurate(got, lowp, want, dtype, "grad")
-
 
 
 @pytest.mark.parametrize("reduction", ["sorted", "sort"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_sorted_reduction_runs_of_every_length(dtype, reduction):
-    """Runs of one row from a single edge to several chunks, with empty rows between: rows cut by
-    one chunk boundary (walked whole by one chunk) and rows spanning many (summed through the
-    workspace) are each right row by row, and the result is bitwise the same on a second call."""
-    from edgedot.ops import edge_dot_grad_op
-
+    """Runs of one row from a single edge to several chunks, with rows without edges between:
+    rows inside a chunk, rows cut by a chunk boundary and rows spanning many chunks (summed through
+    the workspace) are each right row by row, and a second call gives the same bits."""
     g = gen(25)
-    num_other, dim, heads = 70, 12, 2
     lengths = torch.cat([torch.randint(1, 40, (3000,), generator=g),
                          torch.randint(40, 3 * CHUNK_EDGES, (60,), generator=g)])
     lengths = lengths[torch.randperm(lengths.shape[0], generator=g)]
-    rows = torch.cumsum(torch.randint(1, 4, lengths.shape, generator=g), 0)  # gaps leave rows without edges
+    rows = torch.cumsum(torch.randint(1, 4, lengths.shape, generator=g), 0)  # gaps: rows without edges
     num_rows = int(rows[-1]) + 3
     row_idx = torch.repeat_interleave(rows, lengths)
     if reduction == "sort":
         row_idx = row_idx[torch.randperm(row_idx.shape[0], generator=g)]
-    row_idx = row_idx.to(torch.int32).cuda()
-    other_idx = rand_index(num_other, row_idx.shape[0], torch.int64, "cuda", g)
-    row_feat = rand_feat((num_rows, heads, dim), dtype, "cuda", g)
-    other_feat = rand_feat((num_other, heads, dim), dtype, "cuda", g)
-    grad_out = rand_feat((row_idx.shape[0], heads), dtype, "cuda", g)
-    fill_cuda_cache_with_nan()
-    got = edge_dot_grad_op(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction)
-    want = torch.zeros(num_rows, heads, dim, dtype=torch.float64, device="cuda")
-    want.index_add_(0, row_idx.long(), grad_out.double()[..., None] * other_feat.double()[other_idx])
+    grad, want, _ = _one_side_grad(row_idx.to(torch.int32).cuda(), num_rows, dtype, reduction, g, num_other=70,
+                                   dim=12, heads=2)
+    got = grad()
     # Row by row, so that one wrong row among thousands cannot hide in the norm of the whole.
     row_err = (got.double() - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1).clamp_min(1e-30)
     bound = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     assert row_err.max().item() <= bound, f"worst row {row_err.argmax().item()}: relative error {row_err.max():.2e}"
-    assert torch.equal(got, edge_dot_grad_op(grad_out, row_feat, other_feat, row_idx, other_idx, None, reduction))
+    assert torch.equal(got, grad())
+
 
 def _order_buckets(row_idx, num_rows, shift):
     rows = row_idx.long()
