@@ -79,12 +79,13 @@ grad_sorted_kernel(GradArgs a, Edges edges, T* __restrict__ grad, accum_t<T>* __
       };
       zero_rows_between(row_before, edges.row(begin));
       const int64_t first_head = a.row_heads == 1 ? 0 : row_head;
+      auto on_run_end = [&](Row row, Row next) {
+        flush(row, false);
+        first_run = false;
+        zero_rows_between(row, next);
+      };
       const Row last = sum_runs<kSortedPrefetch<T>>(a, edges, begin, end, first_head, heads_per_row_head, slice,
-                                [&](Row row, Row next) {
-                                     flush(row, false);
-                                     first_run = false;
-                                     zero_rows_between(row, next);
-                                   });
+                                                    on_run_end);
       flush(last, true);
       if (end == a.num_edges) zero_rows_between(last, a.num_rows);
     }
