@@ -55,5 +55,24 @@ for it in [torch.int32, torch.int64]:
         edgedot.edge_dot(s, d, si, di)
     except IndexError:
         pass
+# Graphs with enough items for warps to take tiles of 32 (the last one cut short): rows of one
+# 256-byte block (64 float32, 128 bf16) and others, heads, out-of-range edges unchecked and checked.
+props = torch.cuda.get_device_properties(0)
+num_edges = 2 * 32 * 32 * props.multi_processor_count + 5
+for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float32, 3, 33), (torch.float64, 1, 2),
+                 (torch.float16, 4, 8)]:
+    s = torch.randn(3000, H, D, device=dev, dtype=dt)
+    d = torch.randn(2000, H, D, device=dev, dtype=dt)
+    si = torch.randint(0, 3000, (num_edges,), device=dev)
+    di = torch.randint(0, 2000, (num_edges,), device=dev, dtype=torch.int32)
+    edgedot.edge_dot(s, d, si, di)
+    edgedot.edge_dot(s, d, torch.sort(si).values, di)
+    si[::997] = 3000
+    di[5::1009] = -1
+    edgedot.edge_dot(s, d, si, di, check_indices=False)
+    try:
+        edgedot.edge_dot(s, d, si, di)
+    except IndexError:
+        pass
 torch.cuda.synchronize()
 print("sanitize workload done")

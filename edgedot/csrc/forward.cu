@@ -5,76 +5,152 @@
 
 namespace edgedot {
 
-// A group of `group` lanes owns one (edge, head) item at a time: each lane multiplies up to
-// kVectorsPerLane vectors of the two rows per pass, then the group sums across its lanes.
-// Items stride over the grid; the loop bound is kept uniform across the warp so that every lane
-// reaches the shuffles. Edges are visited in a.order when it is used (edge_order.cu). At most 64
-// registers (four blocks per SM): the gather is latency-bound, and half types measured 25% faster
-// at that occupancy.
-template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered>
-__global__ void __launch_bounds__(kBlockThreads, 4)
-forward_kernel(ForwardArgs a, EdgeOrder order, int group) {
-  // With an order, both variants are launched and the one matching the device's decision runs.
-  if (order.used != nullptr && (*order.used != 0) != kOrdered) return;
-  using A = accum_t<T>;
-  const T* __restrict__ src = static_cast<const T*>(a.src.data);
-  const T* __restrict__ dst = static_cast<const T*>(a.dst.data);
-  const SrcIdx* __restrict__ src_idx = static_cast<const SrcIdx*>(a.src_idx);
-  const DstIdx* __restrict__ dst_idx = static_cast<const DstIdx*>(a.dst_idx);
-  T* __restrict__ out = static_cast<T*>(a.out);
+namespace {
 
-  const int64_t vectors = a.dim / VEC;
-  const int64_t items = a.num_edges * a.heads;
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int lane = threadIdx.x & (group - 1);
-  const int group_in_warp = (threadIdx.x & 31) / group;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
-
-  for (int64_t item = thread / group; item - group_in_warp < items; item += stride) {
-    A acc = 0;
-    bool bad_src = false, bad_dst = false;
-    if (item < items) {
-      const int64_t visit = a.heads == 1 ? item : item / a.heads;
-      const int64_t h = item - visit * a.heads;
-      const int64_t e = kOrdered ? order.order[visit] : visit;
-      const SrcIdx s = src_idx[e];
-      const DstIdx d = dst_idx[e];
-      bad_src = !in_range(s, a.src.num_rows);
-      bad_dst = !in_range(d, a.dst.num_rows);
-      if (!bad_src && !bad_dst) {
-        const T* srow = src + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
-        const T* drow = dst + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
-        for (int64_t base = lane; base < vectors; base += static_cast<int64_t>(group) * kVectorsPerLane) {
-          Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
+// This lane's part of <srow, drow>: up to kVectorsPerLane vectors of each row per pass, the
+// `group` lanes sharing the rows taking every group-th vector.
+template <typename T, int VEC, bool kBlockLoads>
+__device__ __forceinline__ accum_t<T> lane_dot(const T* srow, const T* drow, int lane, int group, int vectors) {
+  accum_t<T> acc = 0;
+  for (int base = lane; base < vectors; base += group * kVectorsPerLane) {
+    Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
 #pragma unroll
-          for (int u = 0; u < kVectorsPerLane; ++u) {
-            const int64_t v = base + static_cast<int64_t>(u) * group;
-            if (v < vectors) {
-              sv[u] = load_vec<T, VEC>(srow + v * VEC);
-              dv[u] = load_vec<T, VEC>(drow + v * VEC);
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < kVectorsPerLane; ++u) {
-            if (base + static_cast<int64_t>(u) * group < vectors) acc = dot_add(acc, sv[u], dv[u]);
-          }
+    for (int u = 0; u < kVectorsPerLane; ++u) {
+      const int v = base + u * group;
+      if (v < vectors) {
+        if constexpr (kBlockLoads) {
+          sv[u] = load_vec_block<T, VEC>(srow + v * VEC);
+          dv[u] = load_vec_block<T, VEC>(drow + v * VEC);
+        } else {
+          sv[u] = load_vec<T, VEC>(srow + v * VEC);
+          dv[u] = load_vec<T, VEC>(drow + v * VEC);
         }
       }
     }
-    acc = group_sum(acc, group);
-    if (item < items && lane == 0) {
-      int64_t out_at = item;
-      if constexpr (kOrdered) {  // recomputed rather than kept live through the row loop, which spills
-        const int64_t visit = a.heads == 1 ? item : item / a.heads;
-        out_at = order.order[visit] * a.heads + (item - visit * a.heads);
-      }
-      if (bad_src || bad_dst) {
-        out[out_at] = from_accum<T>(static_cast<A>(NAN));
-        if (a.error_flag) a.error_flag[bad_src ? 0 : 1] = 1;
-      } else {
-        out[out_at] = from_accum<T>(acc);
-      }
+#pragma unroll
+    for (int u = 0; u < kVectorsPerLane; ++u) {
+      if (base + u * group < vectors) acc = dot_add(acc, sv[u], dv[u]);
     }
+  }
+  return acc;
+}
+
+// <src row s, head h> . <dst row d, head h>, summed over the `group` lanes that share the item.
+// Every lane of the warp must call; a lane without an item (or with an out-of-range index) passes
+// valid = false. a.block_rows: each row is one aligned 256-byte block, fetched whole on a miss.
+template <typename T, int VEC, typename SrcIdx, typename DstIdx>
+__device__ __forceinline__ accum_t<T> item_dot(const ForwardArgs& a, SrcIdx s, DstIdx d, int h, bool valid, int lane,
+                                               int group, int vectors) {
+  accum_t<T> acc = 0;
+  if (valid) {
+    const T* srow = static_cast<const T*>(a.src.data) + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
+    const T* drow = static_cast<const T*>(a.dst.data) + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
+    if constexpr (sizeof(Vec<T, VEC>) == 16) {
+      acc = a.block_rows ? lane_dot<T, VEC, true>(srow, drow, lane, group, vectors)
+                         : lane_dot<T, VEC, false>(srow, drow, lane, group, vectors);
+    } else {
+      acc = lane_dot<T, VEC, false>(srow, drow, lane, group, vectors);
+    }
+  }
+  return group_sum(acc, group);
+}
+
+// out[out_at] = value, or NaN (and the error flag) when an index was out of range.
+template <typename T>
+__device__ __forceinline__ void write_item(const ForwardArgs& a, int64_t out_at, accum_t<T> value, bool bad_src,
+                                           bool bad_dst) {
+  T* out = static_cast<T*>(a.out);
+  if (bad_src || bad_dst) {
+    out[out_at] = from_accum<T>(static_cast<accum_t<T>>(NAN));
+    if (a.error_flag) a.error_flag[bad_src ? 0 : 1] = 1;
+  } else {
+    out[out_at] = from_accum<T>(value);
+  }
+}
+
+}  // namespace
+
+// A group of `group` lanes owns one (edge, head) item at a time (item_dot). Each warp takes tiles
+// of `tile_items` consecutive items (32 on large graphs), striding over the grid: lane L loads the
+// indices of the tile's item L, so a warp waits for indices once per tile rather than once per
+// item; the groups then take the tile's items in turn, reading the indices from shared memory
+// (shuffles would keep them in registers, which spills), and lane L writes item L's result.
+// Consecutive items of a sorted graph share rows, which a warp then finds in L1. With one lane
+// per item (group 1) each lane simply loads its own indices: the hand-off measured 4% slower there
+// (bf16, 4 heads of 32).
+// Edges are visited in order.order when it is used (edge_order.cu). At most 64 registers (four
+// blocks per SM): the gather is latency-bound, and half types measured 25% faster at that occupancy.
+template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered>
+__global__ void __launch_bounds__(kBlockThreads, 4)
+forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
+  // With an order, both variants are launched and the one matching the device's decision runs.
+  if (order.used != nullptr && (*order.used != 0) != kOrdered) return;
+  using A = accum_t<T>;
+  const SrcIdx* __restrict__ src_idx = static_cast<const SrcIdx*>(a.src_idx);
+  const DstIdx* __restrict__ dst_idx = static_cast<const DstIdx*>(a.dst_idx);
+  const int vectors = static_cast<int>(a.dim / VEC);  // below 2**31 (bindings.cpp)
+  const int64_t items = a.num_edges * a.heads;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+
+  if (!std::is_same_v<T, double> && group == 1) {  // double would spill registers for this second path
+    for (int64_t item = thread; item < items; item += threads) {
+      const int64_t visit = a.heads == 1 ? item : item / a.heads;
+      const int h = static_cast<int>(item - visit * a.heads);
+      const int64_t edge = kOrdered ? order.order[visit] : visit;
+      const SrcIdx s = src_idx[edge];
+      const DstIdx d = dst_idx[edge];
+      const A dot = item_dot<T, VEC>(a, s, d, h, in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows), 0, 1,
+                                     vectors);
+      write_item<T>(a, kOrdered ? edge * a.heads + h : item, dot, !in_range(s, a.src.num_rows),
+                    !in_range(d, a.dst.num_rows));
+    }
+    return;
+  }
+
+  __shared__ SrcIdx block_src[kBlockThreads];  // each warp's tile: 32 entries per warp
+  __shared__ DstIdx block_dst[kBlockThreads];
+  __shared__ int block_head[kBlockThreads];
+  SrcIdx* tile_src = block_src + (threadIdx.x & ~31);
+  DstIdx* tile_dst = block_dst + (threadIdx.x & ~31);
+  int* tile_head = block_head + (threadIdx.x & ~31);
+  const int warp_lane = threadIdx.x & 31;
+  const int lane = warp_lane & (group - 1);
+  const int group_in_warp = warp_lane / group;
+  const int groups_per_warp = 32 / group;
+
+  for (int64_t tile = thread / 32 * tile_items; tile < items; tile += threads / 32 * tile_items) {
+    const int64_t my_item = tile + warp_lane;
+    const bool have_item = warp_lane < tile_items && my_item < items;
+    if (have_item) {
+      const int64_t visit = a.heads == 1 ? my_item : my_item / a.heads;
+      const int64_t edge = kOrdered ? order.order[visit] : visit;
+      tile_src[warp_lane] = src_idx[edge];
+      tile_dst[warp_lane] = dst_idx[edge];
+      tile_head[warp_lane] = static_cast<int>(my_item - visit * a.heads);
+    }
+    __syncwarp();
+    A my_dot = 0;
+    for (int first = 0; first < tile_items; first += groups_per_warp) {
+      const int holder = first + group_in_warp;
+      const SrcIdx s = tile_src[holder];
+      const DstIdx d = tile_dst[holder];
+      const bool valid = tile + holder < items && in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows);
+      const A dot = item_dot<T, VEC>(a, s, d, tile_head[holder], valid, lane, group, vectors);
+      // Lanes first .. first + groups_per_warp - 1 take their items' sums from the groups' first lanes.
+      const A sum = __shfl_sync(0xffffffffu, dot, ((warp_lane - first) * group) & 31);
+      if (warp_lane >= first && warp_lane < first + groups_per_warp) my_dot = sum;
+    }
+    if (have_item) {
+      int64_t out_at = my_item;
+      if constexpr (kOrdered) {  // re-read rather than kept live through the tile
+        const int h = tile_head[warp_lane];
+        out_at = order.order[(my_item - h) / a.heads] * a.heads + h;
+      }
+      write_item<T>(a, out_at, my_dot, !in_range(tile_src[warp_lane], a.src.num_rows),
+                    !in_range(tile_dst[warp_lane], a.dst.num_rows));
+    }
+    __syncwarp();  // the tile is read before the next one overwrites it
   }
 }
 
@@ -82,8 +158,16 @@ template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered>
 void launch(const ForwardArgs& a, const EdgeOrder& order, cudaStream_t stream) {
   const int group = group_size(a.dim / VEC);
   auto kernel = forward_kernel<T, VEC, SrcIdx, DstIdx, kOrdered>;
-  const int blocks = grid_blocks(kernel, a.num_edges * a.heads * group);
-  kernel<<<blocks, kBlockThreads, 0, stream>>>(a, order, group);
+  // Tiles of 32 items, fewer where that would leave resident warps without a tile (small graphs).
+  // Over an order, one item per group per tile: its buckets need the items in flight close together
+  // (mid D=1000 measured 15% slower with 32).
+  const int64_t items = a.num_edges * a.heads;
+  const int64_t resident_warps = static_cast<int64_t>(sm_count()) *
+                                 blocks_per_sm(reinterpret_cast<const void*>(kernel)) * (kBlockThreads / 32);
+  int tile_items = kOrdered ? 32 / group : 32;
+  while (tile_items > 32 / group && (items + tile_items - 1) / tile_items < resident_warps) tile_items /= 2;
+  const int blocks = grid_blocks(kernel, (items + tile_items - 1) / tile_items * 32);
+  kernel<<<blocks, kBlockThreads, 0, stream>>>(a, order, group, tile_items);
 }
 
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
