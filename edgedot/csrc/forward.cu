@@ -18,13 +18,8 @@ __device__ __forceinline__ accum_t<T> lane_dot(const T* srow, const T* drow, int
     for (int u = 0; u < kVectorsPerLane; ++u) {
       const int v = base + u * group;
       if (v < vectors) {
-        if constexpr (kBlockLoads) {
-          sv[u] = load_vec_block<T, VEC>(srow + v * VEC);
-          dv[u] = load_vec_block<T, VEC>(drow + v * VEC);
-        } else {
-          sv[u] = load_vec<T, VEC>(srow + v * VEC);
-          dv[u] = load_vec<T, VEC>(drow + v * VEC);
-        }
+        sv[u] = load_vec_readonly<T, VEC, kBlockLoads>(srow + v * VEC);
+        dv[u] = load_vec_readonly<T, VEC, kBlockLoads>(drow + v * VEC);
       }
     }
 #pragma unroll
@@ -97,9 +92,9 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
     for (int64_t item = thread; item < items; item += threads) {
       const int64_t visit = a.heads == 1 ? item : item / a.heads;
       const int h = static_cast<int>(item - visit * a.heads);
-      const int64_t edge = kOrdered ? order.order[visit] : visit;
-      const SrcIdx s = src_idx[edge];
-      const DstIdx d = dst_idx[edge];
+      const int64_t edge = kOrdered ? __ldg(order.order + visit) : visit;
+      const SrcIdx s = __ldg(src_idx + edge);
+      const DstIdx d = __ldg(dst_idx + edge);
       const A dot = item_dot<T, VEC>(a, s, d, h, in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows), 0, 1,
                                      vectors);
       write_item<T>(a, kOrdered ? edge * a.heads + h : item, dot, !in_range(s, a.src.num_rows),
@@ -124,9 +119,9 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
     const bool have_item = warp_lane < tile_items && my_item < items;
     if (have_item) {
       const int64_t visit = a.heads == 1 ? my_item : my_item / a.heads;
-      const int64_t edge = kOrdered ? order.order[visit] : visit;
-      tile_src[warp_lane] = src_idx[edge];
-      tile_dst[warp_lane] = dst_idx[edge];
+      const int64_t edge = kOrdered ? __ldg(order.order + visit) : visit;
+      tile_src[warp_lane] = __ldg(src_idx + edge);
+      tile_dst[warp_lane] = __ldg(dst_idx + edge);
       tile_head[warp_lane] = static_cast<int>(my_item - visit * a.heads);
     }
     __syncwarp();
@@ -145,7 +140,7 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
       int64_t out_at = my_item;
       if constexpr (kOrdered) {  // re-read rather than kept live through the tile
         const int h = tile_head[warp_lane];
-        out_at = order.order[(my_item - h) / a.heads] * a.heads + h;
+        out_at = __ldg(order.order + (my_item - h) / a.heads) * a.heads + h;
       }
       write_item<T>(a, out_at, my_dot, !in_range(tile_src[warp_lane], a.src.num_rows),
                     !in_range(tile_dst[warp_lane], a.dst.num_rows));
