@@ -132,10 +132,6 @@ torch::Tensor edge_dot_forward(torch::Tensor src_feat, torch::Tensor dst_feat, t
   torch::Tensor out = at::empty({num_edges}, src_feat.options());
   if (num_edges == 0) return out;
 
-  // Rows that are each one aligned 256-byte block are fetched whole (block_rows in bindings.cpp).
-  const auto block_rows = [](const torch::Tensor& feat) {
-    return feat.size(1) * feat.element_size() == 256 && reinterpret_cast<uintptr_t>(feat.data_ptr()) % 256 == 0;
-  };
   const edgedot::ForwardArgs args{
       edgedot::Rows{src_feat.data_ptr(), src_feat.size(0), src_feat.stride(0), /*head_stride=*/0},
       edgedot::Rows{dst_feat.data_ptr(), dst_feat.size(0), dst_feat.stride(0), /*head_stride=*/0},
@@ -145,8 +141,7 @@ torch::Tensor edge_dot_forward(torch::Tensor src_feat, torch::Tensor dst_feat, t
       num_edges,
       /*heads=*/1,
       src_feat.size(1),
-      /*error_flag=*/nullptr,
-      block_rows(src_feat) && block_rows(dst_feat)};
+      /*error_flag=*/nullptr};
   edgedot::launch_forward(args, edgedot::EdgeOrder{nullptr, nullptr}, scalar_kind(src_feat),
                           index_kind(src_idx, "src_idx"), index_kind(dst_idx, "dst_idx"),
                           c10::cuda::getCurrentCUDAStream());

@@ -55,8 +55,8 @@ for it in [torch.int32, torch.int64]:
         edgedot.edge_dot(s, d, si, di)
     except IndexError:
         pass
-# Graphs with enough items for warps to take tiles of 32 (the last one cut short): rows of one
-# 256-byte block (64 float32, 128 bf16) and others, heads, out-of-range edges unchecked and checked.
+# Graphs with enough items for the forward's warps to take tiles of 32 (the last one cut short),
+# groups of 1 to 16 lanes per item, heads, out-of-range edges unchecked and checked.
 props = torch.cuda.get_device_properties(0)
 num_edges = 2 * 32 * 32 * props.multi_processor_count + 5
 for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float32, 3, 33), (torch.float64, 1, 2),

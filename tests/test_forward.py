@@ -262,38 +262,6 @@ def test_cuda_tiles_of_items(dtype, dim, heads, order):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype, row", [(torch.float32, (64,)), (torch.bfloat16, (128,)),
-                                        (torch.float16, (128,)), (torch.float32, (2, 64)),
-                                        (torch.float32, "first 64 of 128")], ids=str)
-def test_cuda_rows_of_one_block_match_unaligned_rows(dtype, row):
-    """Rows that are each one aligned 256-byte block are fetched as whole blocks; the same values
-    16 bytes off that alignment are not. Both ways sum the same products in the same order, so the
-    outputs must agree bitwise, and be accurate."""
-    g = gen(17)
-    num_edges = 200_003
-
-    def features(num_rows):
-        if row == "first 64 of 128":
-            return rand_feat((num_rows, 128), dtype, "cuda", g)[:, :64]
-        return rand_feat((num_rows, *row), dtype, "cuda", g)
-
-    def unaligned(feat):
-        shift = 16 // feat.element_size()
-        storage = torch.empty(feat.numel() + shift, dtype=dtype, device="cuda")
-        moved = storage[shift:].view(feat.shape)
-        moved.copy_(feat)
-        assert moved.data_ptr() % 256 == 16
-        return moved
-
-    src, dst = features(7000), features(6000)
-    assert src.data_ptr() % 256 == 0 and src.stride(0) * src.element_size() % 256 == 0
-    src_idx = rand_index(7000, num_edges, torch.int64, "cuda", g)
-    dst_idx = rand_index(6000, num_edges, torch.int64, "cuda", g)
-    out = check_forward(src, dst, src_idx, dst_idx)
-    assert torch.equal(edgedot.edge_dot(unaligned(src), unaligned(dst), src_idx, dst_idx), out)
-
-
-@requires_cuda
 def test_cuda_side_stream():
     """Work issued on a side stream is ordered on that stream (no use of the default stream)."""
     g = gen(9)

@@ -43,17 +43,6 @@ Rows rows_of(const at::Tensor& feat) {
   return Rows{feat.data_ptr(), feat.size(0), feat.stride(0), one_head ? 0 : feat.stride(1)};
 }
 
-// Whether each row (of each head) of feat is one aligned 256-byte block, so that the forward can ask
-// L2 for whole blocks (ForwardArgs::block_rows). On an H200 that made rows of 64 float32 or 128 bf16
-// 3% faster, and rows of 512 bytes up to 9% slower (NOTES.md).
-bool block_rows(const at::Tensor& feat) {
-  constexpr int64_t kBlock = 256;
-  const int64_t size = feat.element_size();
-  const int64_t head_stride = heads_of(feat) == 1 ? 0 : feat.stride(1);
-  return feat.size(-1) * size == kBlock && feat.stride(-1) == 1 && feat.stride(0) * size % kBlock == 0 &&
-         head_stride * size % kBlock == 0 && reinterpret_cast<uintptr_t>(feat.data_ptr()) % kBlock == 0;
-}
-
 // Two host ints the kernel can write (mapped, pinned), one pair per thread: each checked call
 // zeroes them, launches, and reads them after synchronising, so calls never share a pair.
 int* host_error_flags() {
@@ -233,8 +222,7 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
     C10_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flags), flags, 0));
   }
   ForwardArgs args{rows_of(src_feat), rows_of(dst_feat), src_idx.data_ptr(), dst_idx.data_ptr(), out.data_ptr(),
-                   num_edges, heads, src_feat.size(-1), device_flags,
-                   block_rows(src_feat) && block_rows(dst_feat)};
+                   num_edges, heads, src_feat.size(-1), device_flags};
   at::Tensor order_buffer;
   EdgeOrder order{nullptr, nullptr};
   if (const auto choice = choose_edge_order(src_feat, dst_feat, src_idx, dst_idx, out)) {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,29 +41,6 @@ struct alignas(sizeof(T) * VEC) Vec {
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, VEC>*>(p);
-}
-
-// load_vec through the read-only path (the data must not change while the kernel runs), as one
-// instruction whatever the compiler can prove about aliasing. With kBlock (16-byte vectors only),
-// a miss in L2 fetches the whole aligned 256-byte block around the vector.
-template <typename T, int VEC, bool kBlock = false>
-__device__ __forceinline__ Vec<T, VEC> load_vec_readonly(const T* p) {
-  Vec<T, VEC> v;
-  if constexpr (sizeof(v) == 16) {
-    uint4 bits;
-    if constexpr (kBlock) {
-      asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w) : "l"(p));
-    } else {
-      asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-          : "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w) : "l"(p));
-    }
-    memcpy(&v, &bits, sizeof(v));
-  } else {
-    static_assert(VEC == 1 && !kBlock, "16-byte vectors or single elements");
-    v.v[0] = __ldg(p);
-  }
-  return v;
 }
 
 // Two half-type elements as one word, for conversions two at a time.

@@ -24,7 +24,6 @@ struct ForwardArgs {
   void* out;             // [num_edges, heads], contiguous
   int64_t num_edges, heads, dim;
   int* error_flag;       // [2]: set to 1 when src_idx / dst_idx holds an out-of-range index; may be null
-  bool block_rows;       // every row of both sides is one aligned 256-byte block (forward_block_rows)
 };
 
 // Edges in the order to visit them (launch_edge_order), used only if *used != 0.

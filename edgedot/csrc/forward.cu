@@ -7,32 +7,9 @@ namespace edgedot {
 
 namespace {
 
-// This lane's part of <srow, drow>: up to kVectorsPerLane vectors of each row per pass, the
-// `group` lanes sharing the rows taking every group-th vector.
-template <typename T, int VEC, bool kBlockLoads>
-__device__ __forceinline__ accum_t<T> lane_dot(const T* srow, const T* drow, int lane, int group, int vectors) {
-  accum_t<T> acc = 0;
-  for (int base = lane; base < vectors; base += group * kVectorsPerLane) {
-    Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
-#pragma unroll
-    for (int u = 0; u < kVectorsPerLane; ++u) {
-      const int v = base + u * group;
-      if (v < vectors) {
-        sv[u] = load_vec_readonly<T, VEC, kBlockLoads>(srow + v * VEC);
-        dv[u] = load_vec_readonly<T, VEC, kBlockLoads>(drow + v * VEC);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kVectorsPerLane; ++u) {
-      if (base + u * group < vectors) acc = dot_add(acc, sv[u], dv[u]);
-    }
-  }
-  return acc;
-}
-
-// <src row s, head h> . <dst row d, head h>, summed over the `group` lanes that share the item.
-// Every lane of the warp must call; a lane without an item (or with an out-of-range index) passes
-// valid = false. a.block_rows: each row is one aligned 256-byte block, fetched whole on a miss.
+// <src row s, head h> . <dst row d, head h>, summed over the `group` lanes that share the item, each
+// lane multiplying up to kVectorsPerLane vectors of the two rows per pass. Every lane of the warp
+// must call; a lane without an item (or with an out-of-range index) passes valid = false.
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
 __device__ __forceinline__ accum_t<T> item_dot(const ForwardArgs& a, SrcIdx s, DstIdx d, int h, bool valid, int lane,
                                                int group, int vectors) {
@@ -40,11 +17,20 @@ __device__ __forceinline__ accum_t<T> item_dot(const ForwardArgs& a, SrcIdx s, D
   if (valid) {
     const T* srow = static_cast<const T*>(a.src.data) + static_cast<int64_t>(s) * a.src.row_stride + h * a.src.head_stride;
     const T* drow = static_cast<const T*>(a.dst.data) + static_cast<int64_t>(d) * a.dst.row_stride + h * a.dst.head_stride;
-    if constexpr (sizeof(Vec<T, VEC>) == 16) {
-      acc = a.block_rows ? lane_dot<T, VEC, true>(srow, drow, lane, group, vectors)
-                         : lane_dot<T, VEC, false>(srow, drow, lane, group, vectors);
-    } else {
-      acc = lane_dot<T, VEC, false>(srow, drow, lane, group, vectors);
+    for (int base = lane; base < vectors; base += group * kVectorsPerLane) {
+      Vec<T, VEC> sv[kVectorsPerLane], dv[kVectorsPerLane];
+#pragma unroll
+      for (int u = 0; u < kVectorsPerLane; ++u) {
+        const int v = base + u * group;
+        if (v < vectors) {
+          sv[u] = load_vec<T, VEC>(srow + v * VEC);
+          dv[u] = load_vec<T, VEC>(drow + v * VEC);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kVectorsPerLane; ++u) {
+        if (base + u * group < vectors) acc = dot_add(acc, sv[u], dv[u]);
+      }
     }
   }
   return group_sum(acc, group);
@@ -92,9 +78,9 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
     for (int64_t item = thread; item < items; item += threads) {
       const int64_t visit = a.heads == 1 ? item : item / a.heads;
       const int h = static_cast<int>(item - visit * a.heads);
-      const int64_t edge = kOrdered ? __ldg(order.order + visit) : visit;
-      const SrcIdx s = __ldg(src_idx + edge);
-      const DstIdx d = __ldg(dst_idx + edge);
+      const int64_t edge = kOrdered ? order.order[visit] : visit;
+      const SrcIdx s = src_idx[edge];
+      const DstIdx d = dst_idx[edge];
       const A dot = item_dot<T, VEC>(a, s, d, h, in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows), 0, 1,
                                      vectors);
       write_item<T>(a, kOrdered ? edge * a.heads + h : item, dot, !in_range(s, a.src.num_rows),
@@ -119,9 +105,9 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
     const bool have_item = warp_lane < tile_items && my_item < items;
     if (have_item) {
       const int64_t visit = a.heads == 1 ? my_item : my_item / a.heads;
-      const int64_t edge = kOrdered ? __ldg(order.order + visit) : visit;
-      tile_src[warp_lane] = __ldg(src_idx + edge);
-      tile_dst[warp_lane] = __ldg(dst_idx + edge);
+      const int64_t edge = kOrdered ? order.order[visit] : visit;
+      tile_src[warp_lane] = src_idx[edge];
+      tile_dst[warp_lane] = dst_idx[edge];
       tile_head[warp_lane] = static_cast<int>(my_item - visit * a.heads);
     }
     __syncwarp();
@@ -140,7 +126,7 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
       int64_t out_at = my_item;
       if constexpr (kOrdered) {  // re-read rather than kept live through the tile
         const int h = tile_head[warp_lane];
-        out_at = __ldg(order.order + (my_item - h) / a.heads) * a.heads + h;
+        out_at = order.order[(my_item - h) / a.heads] * a.heads + h;
       }
       write_item<T>(a, out_at, my_dot, !in_range(tile_src[warp_lane], a.src.num_rows),
                     !in_range(tile_dst[warp_lane], a.dst.num_rows));
