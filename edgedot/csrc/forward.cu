@@ -61,6 +61,8 @@ __device__ __forceinline__ void write_item(const ForwardArgs& a, int64_t out_at,
 // (bf16, 4 heads of 32).
 // Edges are visited in order.order when it is used (edge_order.cu). At most 64 registers (four
 // blocks per SM): the gather is latency-bound, and half types measured 25% faster at that occupancy.
+// The compiler puts the row loads on the read-only path (ld.global.nc) by itself; .ci/check_cuda_sources
+// checks the PTX for it, since sorted graphs ran 29-44% slower in a build where it did not.
 template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered>
 __global__ void __launch_bounds__(kBlockThreads, 4)
 forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
