@@ -38,6 +38,22 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
             grad_op(bad_g, s, d, bad_src, bad_dst, None, "sort")
             grad_op(bad_g[order], s, d, sorted_bad, bad_dst[order], None, "sorted")
             grad_op(bad_g, d, s, bad_dst, bad_src, None, "sort")
+
+
+def forwards(s, d, si, di, out_of_range):
+    """The forward on the edges as given and sorted by src; then, after ``idx[positions] = value``
+    for each ``(idx, positions, value)`` of ``out_of_range``, unchecked and checked (which raises)."""
+    edgedot.edge_dot(s, d, si, di)
+    edgedot.edge_dot(s, d, torch.sort(si).values, di)
+    for idx, positions, value in out_of_range:
+        idx[positions] = value
+    edgedot.edge_dot(s, d, si, di, check_indices=False)
+    try:
+        edgedot.edge_dot(s, d, si, di)
+    except IndexError:
+        pass
+
+
 # The forward's grouped visit order: shuffled edges over wide rows of a table larger than L2, with
 # out-of-range edges unchecked and checked; the same edges sorted, where the order is not used.
 big = torch.cuda.get_device_properties(0).L2_cache_size // 2048 + 1
@@ -46,15 +62,7 @@ for it in [torch.int32, torch.int64]:
     d = torch.randn(500, 512, device=dev)
     si = torch.randint(0, big, (2 * big,), device=dev, dtype=it)
     di = torch.randint(0, 500, (2 * big,), device=dev, dtype=it)
-    edgedot.edge_dot(s, d, si, di)
-    edgedot.edge_dot(s, d, torch.sort(si).values, di)
-    si[::1000] = big
-    si[1::1000] = -1
-    edgedot.edge_dot(s, d, si, di, check_indices=False)
-    try:
-        edgedot.edge_dot(s, d, si, di)
-    except IndexError:
-        pass
+    forwards(s, d, si, di, [(si, slice(None, None, 1000), big), (si, slice(1, None, 1000), -1)])
 # Graphs with enough items for the forward's warps to take tiles of 32 (the last one cut short),
 # groups of 1 to 16 lanes per item, heads, out-of-range edges unchecked and checked.
 props = torch.cuda.get_device_properties(0)
@@ -65,14 +73,6 @@ for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float3
     d = torch.randn(2000, H, D, device=dev, dtype=dt)
     si = torch.randint(0, 3000, (num_edges,), device=dev)
     di = torch.randint(0, 2000, (num_edges,), device=dev, dtype=torch.int32)
-    edgedot.edge_dot(s, d, si, di)
-    edgedot.edge_dot(s, d, torch.sort(si).values, di)
-    si[::997] = 3000
-    di[5::1009] = -1
-    edgedot.edge_dot(s, d, si, di, check_indices=False)
-    try:
-        edgedot.edge_dot(s, d, si, di)
-    except IndexError:
-        pass
+    forwards(s, d, si, di, [(si, slice(None, None, 997), 3000), (di, slice(5, None, 1009), -1)])
 torch.cuda.synchronize()
 print("sanitize workload done")
