@@ -64,7 +64,8 @@ for it in [torch.int32, torch.int64]:
     di = torch.randint(0, 500, (2 * big,), device=dev, dtype=it)
     forwards(s, d, si, di, [(si, slice(None, None, 1000), big), (si, slice(1, None, 1000), -1)])
 # Graphs with enough items for the forward's warps to take tiles of 32 (the last one cut short),
-# groups of 1 to 16 lanes per item, heads, out-of-range edges unchecked and checked.
+# groups of 1 to 16 lanes per item, rows of one 256-byte block (float32 64, bf16 128), heads,
+# out-of-range edges unchecked and checked.
 props = torch.cuda.get_device_properties(0)
 num_edges = 2 * 32 * 32 * props.multi_processor_count + 5
 for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float32, 3, 33), (torch.float64, 1, 2),

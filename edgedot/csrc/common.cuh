@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,6 +42,21 @@ struct alignas(sizeof(T) * VEC) Vec {
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+// load_vec of 16 bytes through the read-only path that asks L2 to fetch the whole aligned 256-byte
+// block on a miss. Inline asm can stop the compiler from putting the rest of a kernel's loads on the
+// read-only path (NOTES.md), so this lives in kernel instantiations of its own.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_vec_whole_block(const T* p) {
+  static_assert(sizeof(Vec<T, VEC>) == 16, "16-byte vectors only");
+  uint4 bits;
+  asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(bits.x), "=r"(bits.y), "=r"(bits.z), "=r"(bits.w)
+      : "l"(p));
+  Vec<T, VEC> v;
+  memcpy(&v, &bits, sizeof(v));
+  return v;
 }
 
 // Two half-type elements as one word, for conversions two at a time.
