@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import edgedot
-from utils import (CHUNK_EDGES, assert_accurate, fill_cuda_cache_with_nan, gen, rand_feat, rand_index, reference,
-                   reference64, reference_grads, requires_cuda, skewed_index)
+from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
+                   rand_feat, rand_index, reference, reference64, reference_grads, requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -367,6 +367,17 @@ def _launched_kernels(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def _forward_variants(kernels):
+    """(ordered, whole_block) of each forward kernel among demangled kernel names: its last two
+    template arguments, kOrdered and kWholeBlock (edgedot/csrc/forward.cu)."""
+    variants = []
+    for name in kernels:
+        if "forward_kernel<" in name:
+            args = name.split("forward_kernel<", 1)[1].split(">(", 1)[0].split(", ")
+            variants.append((args[-2] == "true", args[-1] == "true"))
+    return variants
+
+
 @pytest.mark.parametrize("dtype, heads, index_dtype, larger", [
     (torch.float32, 1, torch.int64, "src"),
     (torch.float32, 1, torch.int32, "dst"),
@@ -398,7 +409,7 @@ def test_forward_of_shuffled_graph_larger_than_l2(dtype, heads, index_dtype, lar
 
     kernels = _launched_kernels(run)
     assert any("bucket_scatter" in k for k in kernels), kernels
-    assert any("forward_kernel" in k and "true>" in k for k in kernels), kernels
+    assert (True, False) in _forward_variants(kernels), kernels
     assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx), dtype)
 
     # The same edges sorted by src take the given order, with the same results.
@@ -417,8 +428,39 @@ def test_forward_of_narrow_rows_keeps_the_given_order():
     src_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
     dst_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
     kernels = _launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
-    assert any("forward_kernel" in k for k in kernels), kernels
-    assert not any("bucket" in k or "true>" in k for k in kernels), kernels
+    assert _forward_variants(kernels) == [(False, False)], kernels
+    assert not any("bucket" in k for k in kernels), kernels
+
+
+@pytest.mark.parametrize("layout, whole_block", [
+    ("aligned", True), ("strided", True), ("offset", False), ("two_heads", False)])
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_forward_of_rows_of_one_256_byte_block(dtype, layout, whole_block):
+    """Rows of exactly 256 bytes, contiguous ("aligned") or two blocks apart ("strided"), load
+    through whole-block fetches; rows that start 16 bytes into a block ("offset") or hold two heads
+    of 128 bytes ("two_heads") through plain loads. Both are accurate under NaN poison."""
+    g = gen(11)
+    item_size = torch.empty((), dtype=dtype).element_size()
+    dim = 256 // item_size
+    num_src, num_dst, num_edges = 7000, 5000, 100_003
+
+    def feat(num_rows):
+        if layout == "strided":
+            return rand_feat((num_rows, 2 * dim), dtype, "cuda", g)[:, :dim]
+        if layout == "offset":
+            skip = 16 // item_size
+            return rand_feat((num_rows * dim + skip,), dtype, "cuda", g)[skip:].view(num_rows, dim)
+        if layout == "two_heads":
+            return rand_feat((num_rows, 2, dim // 2), dtype, "cuda", g)
+        return rand_feat((num_rows, dim), dtype, "cuda", g)
+
+    src, dst = feat(num_src), feat(num_dst)
+    src_idx = torch.sort(rand_index(num_src, num_edges, torch.int32, "cuda", g)).values
+    dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
+    kernels = _launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
+    assert _forward_variants(kernels) == [(False, whole_block)], kernels
+    fill_cuda_cache_with_nan()
+    check_forward(src, dst, src_idx, dst_idx)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])

@@ -262,34 +262,6 @@ def test_cuda_tiles_of_items(dtype, dim, heads, order):
 
 
 @requires_cuda
-@pytest.mark.parametrize("layout", ["aligned", "strided", "offset", "two_heads"])
-@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
-def test_cuda_rows_of_one_256_byte_block(dtype, layout):
-    """Rows of exactly 256 bytes take loads that fetch the whole block: contiguous ("aligned") or
-    with a stride of two blocks ("strided"). Rows that start 16 bytes into a block ("offset") or
-    hold two heads of 128 bytes ("two_heads") take the plain loads."""
-    g = gen(11)
-    dim = 256 // torch.empty((), dtype=dtype).element_size()
-    num_src, num_dst, num_edges = 7000, 5000, 100_003
-
-    def feat(num_rows):
-        if layout == "strided":
-            return rand_feat((num_rows, 2 * dim), dtype, "cuda", g)[:, :dim]
-        if layout == "offset":
-            skip = 16 // torch.empty((), dtype=dtype).element_size()
-            return rand_feat((num_rows * dim + skip,), dtype, "cuda", g)[skip:].view(num_rows, dim)
-        if layout == "two_heads":
-            return rand_feat((num_rows, 2, dim // 2), dtype, "cuda", g)
-        return rand_feat((num_rows, dim), dtype, "cuda", g)
-
-    src, dst = feat(num_src), feat(num_dst)
-    src_idx = torch.sort(rand_index(num_src, num_edges, torch.int32, "cuda", g)).values
-    dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
-    fill_cuda_cache_with_nan()
-    check_forward(src, dst, src_idx, dst_idx)
-
-
-@requires_cuda
 def test_cuda_side_stream():
     """Work issued on a side stream is ordered on that stream (no use of the default stream)."""
     g = gen(9)
