@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["bindings.cpp", "launch.cu", "forward.cu", "backward_atomic.cu",
+SOURCES = ["bindings.cpp", "kernelbench.cpp", "launch.cu", "forward.cu", "index_cast.cu", "backward_atomic.cu",
            "backward_sorted.cu", "sort_by_row.cu", "edge_order.cu"]
 
 _lock = threading.Lock()

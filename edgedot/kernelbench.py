@@ -4,12 +4,15 @@ KernelBench evaluates a module that defines ``Model`` (the PyTorch reference), `
 custom kernel), ``get_inputs()`` and ``get_init_inputs()``. This module defines them for the
 problem edgedot grew from: ``out[e] = <src_feat[src_idx[e]], dst_feat[dst_idx[e]]>`` on a graph
 of ``num_edges`` edges between ``num_src_nodes`` and ``num_dst_nodes`` nodes of ``feat_dim``
-features. Here ``ModelNew`` calls :func:`edgedot.edge_dot`.
+features. Here ``ModelNew`` calls edgedot's kernel with the reference's contract (any index
+dtype, as KernelBench's evaluator casts every input to the precision of its run).
 
 ``python -m edgedot.kernelbench --export PATH`` writes the same problem as one Python file that
 does not import edgedot: its ``ModelNew`` builds edgedot's CUDA forward kernel with
 ``torch.utils.cpp_extension.load_inline`` from sources inlined at export time, read from
-``edgedot/csrc``. Without arguments, it compares ``ModelNew`` with ``Model`` on ``get_inputs()``.
+``edgedot/csrc``. ``--evaluate PATH`` runs KernelBench's evaluation procedure on such a file
+(:mod:`edgedot.kernelbench_eval`). Without arguments, it compares ``ModelNew`` with ``Model`` on
+``get_inputs()``.
 """
 
 import argparse
@@ -22,7 +25,7 @@ import torch
 from torch import nn
 
 from . import __version__
-from ._build import CSRC
+from ._build import CSRC, cuda_module
 from .functional import edge_dot
 from .reference import edge_dot_reference
 
@@ -45,13 +48,23 @@ class Model(nn.Module):
 
 
 class ModelNew(nn.Module):
-    """edgedot's fused gather-dot kernel, :func:`edgedot.edge_dot`.
+    """edgedot's fused gather-dot kernel, with the reference's contract for KernelBench.
 
-    Like the reference's gather it does not wait for the GPU to validate indices
-    (``check_indices=False``); on the CPU edge_dot always checks them.
+    KernelBench's evaluator casts every input to the precision of its run, the index tensors
+    included, so ``ModelNew`` takes indices of any integer or floating dtype, truncated like
+    ``.long()``. On CUDA, ``[N, D]`` features go to the extension's ``kernelbench_forward``
+    (``edgedot/csrc/kernelbench.cpp``, the entry point the export inlines): floating indices are
+    converted in one launch, half types round each product before the sum as the reference does,
+    and nothing waits for the GPU (an out-of-range index yields NaN, never a read outside the
+    features). Elsewhere it calls :func:`edgedot.edge_dot`, which on the CPU always checks the
+    indices.
     """
 
     def forward(self, src_feat, dst_feat, src_idx, dst_idx):
+        if src_feat.is_cuda and src_feat.dim() == 2 and dst_feat.dim() == 2:
+            return cuda_module().kernelbench_forward(src_feat, dst_feat, src_idx, dst_idx)
+        src_idx = src_idx.long() if src_idx.is_floating_point() else src_idx
+        dst_idx = dst_idx.long() if dst_idx.is_floating_point() else dst_idx
         return edge_dot(src_feat, dst_feat, src_idx, dst_idx, check_indices=False)
 
 
@@ -73,93 +86,26 @@ def get_init_inputs():
     return []
 
 
-# csrc files the forward kernel needs, each after the local headers it includes.
-EXPORT_SOURCES = ("edgedot.h", "common.cuh", "launch.cu", "forward.cu")
+# csrc files of the seed problem's entry point (kernelbench.cpp) and the kernels it calls, each
+# after the local headers it includes.
+EXPORT_SOURCES = ("edgedot.h", "common.cuh", "launch.cu", "forward.cu", "index_cast.cu", "kernelbench.cpp")
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 _QUOTE_BEFORE_QUOTE_OR_END = re.compile(r'"(?="|\Z)')
 
-# The export's entry point: edgedot/csrc/bindings.cpp's forward for [N, D] features, without
-# its index check (no error flag, no host synchronisation).
-_BINDING = r"""// ---- binding, written by edgedot/kernelbench.py: bindings.cpp's forward for [N, D] features ----
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/types.h>
-
-namespace {
-
-edgedot::ScalarKind scalar_kind(const torch::Tensor& feat) {
-  switch (feat.scalar_type()) {
-    case at::kFloat: return edgedot::ScalarKind::f32;
-    case at::kDouble: return edgedot::ScalarKind::f64;
-    case at::kHalf: return edgedot::ScalarKind::f16;
-    case at::kBFloat16: return edgedot::ScalarKind::bf16;
-    default: TORCH_CHECK_TYPE(false, "edge_dot_forward: unsupported feature dtype ", feat.scalar_type());
-  }
-}
-
-edgedot::IndexKind index_kind(const torch::Tensor& idx, const char* name) {
-  TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, name,
-                   " must be int32 or int64, got ", idx.scalar_type());
-  return idx.scalar_type() == at::kInt ? edgedot::IndexKind::i32 : edgedot::IndexKind::i64;
-}
-
-}  // namespace
-
-// out[e] = <src_feat[src_idx[e]], dst_feat[dst_idx[e]]> for [N, D] CUDA features.
-// The indices are trusted, as in the seed problem: nothing checks them on the host (error_flag
-// is null, so the call never synchronises). The kernel still never reads outside the features:
-// an edge with an out-of-range index gets NaN.
-torch::Tensor edge_dot_forward(torch::Tensor src_feat, torch::Tensor dst_feat, torch::Tensor src_idx,
-                               torch::Tensor dst_idx) {
-  TORCH_CHECK(src_feat.is_cuda(), "edge_dot_forward: the inputs must be CUDA tensors");
-  TORCH_CHECK(dst_feat.device() == src_feat.device() && src_idx.device() == src_feat.device() &&
-                  dst_idx.device() == src_feat.device(),
-              "edge_dot_forward: all inputs must be on one device");
-  TORCH_CHECK(src_feat.dim() == 2 && dst_feat.dim() == 2 && src_feat.size(1) == dst_feat.size(1),
-              "edge_dot_forward: features must be [Ns, D] and [Nd, D]");
-  TORCH_CHECK_TYPE(dst_feat.scalar_type() == src_feat.scalar_type(),
-                   "edge_dot_forward: src_feat and dst_feat must have the same dtype");
-  TORCH_CHECK(src_idx.dim() == 1 && dst_idx.dim() == 1 && src_idx.size(0) == dst_idx.size(0),
-              "edge_dot_forward: src_idx and dst_idx must be 1-D of the same length");
-  const c10::cuda::CUDAGuard guard(src_feat.device());
-  src_feat = src_feat.contiguous();
-  dst_feat = dst_feat.contiguous();
-  src_idx = src_idx.contiguous();
-  dst_idx = dst_idx.contiguous();
-  const int64_t num_edges = src_idx.size(0);
-  torch::Tensor out = at::empty({num_edges}, src_feat.options());
-  if (num_edges == 0) return out;
-
-  const edgedot::ForwardArgs args{
-      edgedot::Rows{src_feat.data_ptr(), src_feat.size(0), src_feat.stride(0), /*head_stride=*/0},
-      edgedot::Rows{dst_feat.data_ptr(), dst_feat.size(0), dst_feat.stride(0), /*head_stride=*/0},
-      src_idx.data_ptr(),
-      dst_idx.data_ptr(),
-      out.data_ptr(),
-      num_edges,
-      /*heads=*/1,
-      src_feat.size(1),
-      /*error_flag=*/nullptr};
-  edgedot::launch_forward(args, edgedot::EdgeOrder{nullptr, nullptr}, scalar_kind(src_feat),
-                          index_kind(src_idx, "src_idx"), index_kind(dst_idx, "dst_idx"),
-                          c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-"""
-
-_DECLARATION = ("torch::Tensor edge_dot_forward(torch::Tensor src_feat, torch::Tensor dst_feat, "
-                "torch::Tensor src_idx, torch::Tensor dst_idx);")
+# The export's C++ declaration of its entry point, csrc/kernelbench.cpp's kernelbench_forward.
+_DECLARATION = ("namespace edgedot { torch::Tensor kernelbench_forward(torch::Tensor src_feat, "
+                "torch::Tensor dst_feat, torch::Tensor src_idx, torch::Tensor dst_idx); } "
+                "using edgedot::kernelbench_forward;")
 
 
 def cuda_source():
     """The CUDA translation unit the export inlines, read from ``edgedot/csrc`` now.
 
     The files of ``EXPORT_SOURCES`` in order, without their ``#include "..."`` lines of local
-    headers and ``#pragma once``, then the binding ``edge_dot_forward``. Raises RuntimeError if a
-    file includes a local header that does not come before it.
+    headers and ``#pragma once``; the last, ``kernelbench.cpp``, defines the entry point
+    ``edgedot::kernelbench_forward``. Raises RuntimeError if a file includes a local header that
+    does not come before it.
     """
     parts = []
     for position, name in enumerate(EXPORT_SOURCES):
@@ -172,7 +118,6 @@ def cuda_source():
             if not include and not _PRAGMA_ONCE.match(line):
                 lines.append(line)
         parts.append(f"// ---- edgedot/csrc/{name} ----\n" + "\n".join(lines).strip() + "\n")
-    parts.append(_BINDING)
     return "\n".join(parts)
 
 
@@ -210,9 +155,11 @@ num_edges = $num_edges
 feat_dim = $feat_dim
 
 # edgedot/csrc/{$sources} without their local includes and
-# `#pragma once`, then the binding edge_dot_forward. The binding trusts its inputs, as the seed
-# problem does: it does not check the indices (an out-of-range one yields NaN, never a read
-# outside the features) and so never waits for the GPU.
+# `#pragma once`. The entry point, kernelbench_forward, takes the inputs as KernelBench's evaluator
+# passes them: indices of any integer or floating dtype (truncated like .long()), features in any
+# float type (half types round each product, as the reference does). It trusts the indices, as
+# the seed problem does: nothing checks them (an out-of-range one yields NaN, never a read outside
+# the features), so it never waits for the GPU.
 CUDA_SOURCE = $cuda_source
 
 CPP_SOURCE = "$declaration"
@@ -225,7 +172,7 @@ def _extension():
         name="edgedot_kernelbench_export",
         cpp_sources=CPP_SOURCE,
         cuda_sources=CUDA_SOURCE,
-        functions=["edge_dot_forward"],
+        functions=["kernelbench_forward"],
         extra_cuda_cflags=["-O3"],
     )
 
@@ -240,14 +187,16 @@ class Model(nn.Module):
 
 
 class ModelNew(nn.Module):
-    """edgedot's fused gather-dot kernel for [N, D] CUDA features; builds it when constructed."""
+    """edgedot's fused gather-dot kernel for [N, D] CUDA features; builds it when constructed.
+
+    Accepts the index tensors in any integer or floating dtype, like the reference."""
 
     def __init__(self):
         super().__init__()
         self.ext = _extension()
 
     def forward(self, src_feat, dst_feat, src_idx, dst_idx):
-        return self.ext.edge_dot_forward(src_feat, dst_feat, src_idx, dst_idx)
+        return self.ext.kernelbench_forward(src_feat, dst_feat, src_idx, dst_idx)
 
 
 $get_inputs
@@ -276,17 +225,30 @@ def export(path):
 
 
 def main(argv=None):
-    """Command line: ``--export PATH`` writes the problem file, else compares the two models."""
+    """Command line: ``--export PATH`` writes the problem file, ``--evaluate PATH`` runs
+    KernelBench's evaluation procedure on one, else ``ModelNew`` is compared with ``Model``."""
     parser = argparse.ArgumentParser(
         prog="python -m edgedot.kernelbench",
         description="KernelBench form of edgedot's seed problem: check ModelNew against Model, "
-                    "or export a self-contained problem file.")
+                    "export a self-contained problem file, or evaluate one as KernelBench does.")
     parser.add_argument("--export", metavar="PATH", type=Path,
                         help="write the self-contained problem file (not importing edgedot) to PATH")
+    parser.add_argument("--evaluate", metavar="PATH", type=Path,
+                        help="run KernelBench's evaluation procedure on the problem file at PATH (CUDA)")
+    parser.add_argument("--precision", action="append", choices=["fp32", "fp16", "bf16"],
+                        help="precision of --evaluate (repeatable; default: all three)")
     args = parser.parse_args(argv)
     if args.export is not None:
         print(f"wrote {export(args.export)}")
         return
+    if args.evaluate is not None:
+        from . import kernelbench_eval
+
+        problem = kernelbench_eval.load_problem(args.evaluate)
+        results = [kernelbench_eval.evaluate(problem, p) for p in args.precision or ["fp32", "fp16", "bf16"]]
+        for result in results:
+            kernelbench_eval.report(result)
+        raise SystemExit(0 if all(r.correct for r in results) else 1)
     inputs = get_inputs()
     expected = Model()(*inputs)
     got = ModelNew()(*inputs)

@@ -368,13 +368,13 @@ def _launched_kernels(fn):
 
 
 def _forward_variants(kernels):
-    """(ordered, whole_block) of each forward kernel among demangled kernel names: its last two
-    template arguments, kOrdered and kWholeBlock (edgedot/csrc/forward.cu)."""
+    """(ordered, whole_block) of each forward kernel among demangled kernel names: its template
+    arguments kOrdered and kWholeBlock, before kRoundProducts (edgedot/csrc/forward.cu)."""
     variants = []
     for name in kernels:
         if "forward_kernel<" in name:
             args = name.split("forward_kernel<", 1)[1].split(">(", 1)[0].split(", ")
-            variants.append((args[-2] == "true", args[-1] == "true"))
+            variants.append((args[-3] == "true", args[-2] == "true"))
     return variants
 
 

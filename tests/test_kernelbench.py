@@ -173,14 +173,14 @@ def test_cuda_source_inlines_csrc():
     assert "#pragma once" not in source
     for name in kb.EXPORT_SOURCES:
         assert f"// ---- edgedot/csrc/{name} ----" in source
-    assert "void launch_forward(" in source and "torch::Tensor edge_dot_forward(" in source
+    assert "void launch_forward(" in source and "torch::Tensor kernelbench_forward(" in source
 
 
 def test_export_embeds_current_sources(exported):
     namespace = {}
     exec(compile(exported.read_text(), str(exported), "exec"), namespace)
     assert namespace["CUDA_SOURCE"] == kb.cuda_source()
-    assert "edge_dot_forward" in namespace["CPP_SOURCE"]
+    assert "kernelbench_forward" in namespace["CPP_SOURCE"]
 
 
 @pytest.mark.parametrize("text", ['', 'a"', '""', '"""', 'x""""y', '\\', 'a\\"""\\', '\\n"\n'])

@@ -389,8 +389,14 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
 
 }  // namespace edgedot
 
+namespace edgedot {
+at::Tensor kernelbench_forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx, at::Tensor dst_idx);
+}  // namespace edgedot (csrc/kernelbench.cpp)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
+  m.def("kernelbench_forward", &edgedot::kernelbench_forward,
+        "the seed problem's forward with KernelBench's contract: any index dtype, reference rounding (CUDA)");
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
 }

@@ -52,8 +52,11 @@ struct PlanSide {
 
 // out[e, h] = <src[src_idx[e], h], dst[dst_idx[e], h]>; out-of-range edges yield NaN.
 // With an order (order.order not null), the edges are visited in that order when *order.used != 0.
+// round_products (half types, no order): each product is rounded to the feature type before it is
+// added (in float), as PyTorch's `(src * dst).sum(-1)` does; the seed problem's contract
+// (csrc/kernelbench.cpp).
 void launch_forward(const ForwardArgs& args, const EdgeOrder& order, ScalarKind scalar, IndexKind src_index,
-                    IndexKind dst_index, cudaStream_t stream);
+                    IndexKind dst_index, cudaStream_t stream, bool round_products = false);
 
 // grad[row_idx[e], h] += grad_out[e, h] * other[other_idx[e], h], with atomics into a zeroed
 // buffer of the accumulation type: float for half types, double for float32 with double_accum,
@@ -108,6 +111,13 @@ int64_t edge_order_workspace_ints(int buckets);
 void launch_edge_order(const void* row_idx, IndexKind row_index, const void* other_idx, IndexKind other_index,
                        int64_t num_edges, int64_t num_rows, int shift, int32_t* order, int* workspace,
                        cudaStream_t stream);
+
+// Index tensors held in a floating-point dtype (KernelBench casts every input to its precision),
+// truncated toward zero like Tensor.long(): out[i] from src_idx, out[num_edges + i] from dst_idx,
+// either pointer null to skip that half. A value that is not finite or lies outside int32 becomes
+// -1, which every kernel treats as out of range. One launch (csrc/index_cast.cu).
+void launch_cast_indices(const void* src_idx, const void* dst_idx, ScalarKind kind, int64_t num_edges, int32_t* out,
+                         cudaStream_t stream);
 
 // Bytes of L2 cache of the current device (cached).
 int64_t l2_cache_bytes();

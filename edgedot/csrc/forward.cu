@@ -10,7 +10,36 @@ namespace {
 // <src row s, head h> . <dst row d, head h>, summed over the `group` lanes that share the item, each
 // lane multiplying up to kVectorsPerLane vectors of the two rows per pass. Every lane of the warp
 // must call; a lane without an item (or with an out-of-range index) passes valid = false.
-template <typename T, int VEC, bool kWholeBlock, typename SrcIdx, typename DstIdx>
+// acc + <x, y> with each product rounded to T first, as PyTorch's `(src * dst).sum(-1)` computes
+// in a half type (a product of two halves is exact in float, so this is that rounding alone).
+// Pairs convert and round two at a time, which keeps the registers of dot_add's pairs.
+__device__ __forceinline__ float2 rounded_products(float2 a, float2 b, __half) {
+  return __half22float2(__floats2half2_rn(a.x * b.x, a.y * b.y));
+}
+__device__ __forceinline__ float2 rounded_products(float2 a, float2 b, __nv_bfloat16) {
+  return to_float2(__floats2bfloat162_rn(a.x * b.x, a.y * b.y));
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float dot_add_rounded(float acc, const Vec<T, VEC>& x, const Vec<T, VEC>& y) {
+  using P = typename Pair<T>::type;
+  if constexpr (VEC % 2 == 0) {
+    const P* xp = reinterpret_cast<const P*>(x.v);
+    const P* yp = reinterpret_cast<const P*>(y.v);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      const float2 p = rounded_products(to_float2(xp[j]), to_float2(yp[j]), T{});
+      acc += p.x;
+      acc += p.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc += to_accum(from_accum<T>(to_accum(x.v[j]) * to_accum(y.v[j])));
+  }
+  return acc;
+}
+
+template <typename T, int VEC, bool kWholeBlock, bool kRoundProducts, typename SrcIdx, typename DstIdx>
 __device__ __forceinline__ accum_t<T> item_dot(const ForwardArgs& a, SrcIdx s, DstIdx d, int h, bool valid, int lane,
                                                int group, int vectors) {
   accum_t<T> acc = 0;
@@ -34,7 +63,13 @@ __device__ __forceinline__ accum_t<T> item_dot(const ForwardArgs& a, SrcIdx s, D
       }
 #pragma unroll
       for (int u = 0; u < kVectorsPerLane; ++u) {
-        if (base + u * group < vectors) acc = dot_add(acc, sv[u], dv[u]);
+        if (base + u * group < vectors) {
+          if constexpr (kRoundProducts) {
+            acc = dot_add_rounded(acc, sv[u], dv[u]);
+          } else {
+            acc = dot_add(acc, sv[u], dv[u]);
+          }
+        }
       }
     }
   }
@@ -79,8 +114,9 @@ bool rows_are_256_byte_blocks(const ForwardArgs& a) {
 // blocks per SM): the gather is latency-bound, and half types measured 25% faster at that occupancy.
 // The compiler puts the row loads on the read-only path (ld.global.nc) by itself; .ci/check_cuda_sources
 // checks the PTX for it, since sorted graphs ran 29-44% slower in a build where it did not.
-// kWholeBlock instantiations load rows with load_vec_whole_block instead (rows_are_256_byte_blocks).
-template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered, bool kWholeBlock>
+// kWholeBlock instantiations load rows with load_vec_whole_block instead (rows_are_256_byte_blocks);
+// kRoundProducts ones (half types, launch_forward's round_products) round each product (dot_add_rounded).
+template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered, bool kWholeBlock, bool kRoundProducts>
 __global__ void __launch_bounds__(kBlockThreads, 4)
 forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
   // With an order, both variants are launched and the one matching the device's decision runs.
@@ -101,7 +137,7 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
       const SrcIdx s = src_idx[edge];
       const DstIdx d = dst_idx[edge];
       const bool valid = in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows);
-      const A dot = item_dot<T, VEC, kWholeBlock>(a, s, d, h, valid, 0, 1, vectors);
+      const A dot = item_dot<T, VEC, kWholeBlock, kRoundProducts>(a, s, d, h, valid, 0, 1, vectors);
       write_item<T>(a, kOrdered ? edge * a.heads + h : item, dot, !in_range(s, a.src.num_rows),
                     !in_range(d, a.dst.num_rows));
     }
@@ -136,7 +172,7 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
       const SrcIdx s = tile_src[holder];
       const DstIdx d = tile_dst[holder];
       const bool valid = tile + holder < items && in_range(s, a.src.num_rows) && in_range(d, a.dst.num_rows);
-      const A dot = item_dot<T, VEC, kWholeBlock>(a, s, d, tile_head[holder], valid, lane, group, vectors);
+      const A dot = item_dot<T, VEC, kWholeBlock, kRoundProducts>(a, s, d, tile_head[holder], valid, lane, group, vectors);
       // Lanes first .. first + groups_per_warp - 1 take their items' sums from the groups' first lanes.
       const A sum = __shfl_sync(0xffffffffu, dot, ((warp_lane - first) * group) & 31);
       if (warp_lane >= first && warp_lane < first + groups_per_warp) my_dot = sum;
@@ -154,10 +190,11 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
   }
 }
 
-template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered, bool kWholeBlock = false>
+template <typename T, int VEC, typename SrcIdx, typename DstIdx, bool kOrdered, bool kWholeBlock = false,
+          bool kRoundProducts = false>
 void launch(const ForwardArgs& a, const EdgeOrder& order, cudaStream_t stream) {
   const int group = group_size(a.dim / VEC);
-  auto kernel = forward_kernel<T, VEC, SrcIdx, DstIdx, kOrdered, kWholeBlock>;
+  auto kernel = forward_kernel<T, VEC, SrcIdx, DstIdx, kOrdered, kWholeBlock, kRoundProducts>;
   // Tiles of 32 items, fewer where that would leave resident warps without a tile (small graphs).
   // Over an order, one item per group per tile: its buckets need the items in flight close together
   // (mid D=1000 measured 15% slower with 32).
@@ -171,7 +208,13 @@ void launch(const ForwardArgs& a, const EdgeOrder& order, cudaStream_t stream) {
 }
 
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
-void launch_both_orders(const ForwardArgs& a, const EdgeOrder& order, cudaStream_t stream) {
+void launch_both_orders(const ForwardArgs& a, const EdgeOrder& order, bool round_products, cudaStream_t stream) {
+  if constexpr (std::is_same_v<accum_t<T>, float> && !std::is_same_v<T, float>) {
+    if (round_products) {  // the seed problem's entry, which never passes an order
+      launch<T, VEC, SrcIdx, DstIdx, false, false, true>(a, order, stream);
+      return;
+    }
+  }
   if constexpr (sizeof(T) * VEC == 16) {
     if (rows_are_256_byte_blocks<T>(a)) {
       launch<T, VEC, SrcIdx, DstIdx, false, true>(a, order, stream);
@@ -186,7 +229,7 @@ void launch_both_orders(const ForwardArgs& a, const EdgeOrder& order, cudaStream
 }
 
 void launch_forward(const ForwardArgs& a, const EdgeOrder& order, ScalarKind scalar, IndexKind src_index,
-                    IndexKind dst_index, cudaStream_t stream) {
+                    IndexKind dst_index, cudaStream_t stream, bool round_products) {
   dispatch_scalar(scalar, [&](auto t) {
     using T = decltype(t);
     dispatch_index(src_index, [&](auto si) {
@@ -194,9 +237,9 @@ void launch_forward(const ForwardArgs& a, const EdgeOrder& order, ScalarKind sca
         using SrcIdx = decltype(si);
         using DstIdx = decltype(di);
         if (rows_vectorizable<T>(a.src, a.dim) && rows_vectorizable<T>(a.dst, a.dim)) {
-          launch_both_orders<T, wide_vec<T>(), SrcIdx, DstIdx>(a, order, stream);
+          launch_both_orders<T, wide_vec<T>(), SrcIdx, DstIdx>(a, order, round_products, stream);
         } else {
-          launch_both_orders<T, 1, SrcIdx, DstIdx>(a, order, stream);
+          launch_both_orders<T, 1, SrcIdx, DstIdx>(a, order, round_products, stream);
         }
       });
     });
