@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -151,6 +152,34 @@ inline int grid_blocks(Kernel kernel, int64_t threads) {
   const int64_t needed = (threads + kBlockThreads - 1) / kBlockThreads;
   const int64_t full = static_cast<int64_t>(sm_count()) * blocks_per_sm(reinterpret_cast<const void*>(kernel));
   return static_cast<int>(needed < full ? (needed > 0 ? needed : 1) : full);
+}
+
+// Launches kernel<<<blocks, kBlockThreads, 0, stream>>>(args...) as a programmatic dependent launch:
+// its blocks may be scheduled while the previous kernel of the stream finishes, and the kernel
+// must call wait_for_previous_grid() before it touches memory. Small graphs are bound by launch
+// latency: back-to-back forwards of the seed problem measured 13% faster (NOTES.md).
+template <typename... KernelArgs, typename... Args>
+inline void launch_dependent(void (*kernel)(KernelArgs...), int blocks, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kBlockThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// First statement of a kernel started by launch_dependent: waits until the previous kernel of the
+// stream has completed and its writes are visible (the ordering of a plain launch), then lets the
+// next dependent launch be scheduled, which in turn waits here before reading anything.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
 }
 
 // Calls f(T{}) with the CUDA element type of `kind`.
