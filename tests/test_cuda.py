@@ -369,12 +369,18 @@ def _launched_kernels(fn):
 
 def _forward_variants(kernels):
     """(ordered, whole_block) of each forward kernel among demangled kernel names: its template
-    arguments kOrdered and kWholeBlock, before kRoundProducts (edgedot/csrc/forward.cu)."""
+    arguments kOrdered and kWholeBlock, before kRoundProducts and kDependent (edgedot/csrc/forward.cu)."""
+    return [flags[:2] for flags in _forward_flags(kernels)]
+
+
+def _forward_flags(kernels):
+    """(kOrdered, kWholeBlock, kRoundProducts, kDependent) of each forward kernel among demangled
+    kernel names: its last four template arguments (edgedot/csrc/forward.cu)."""
     variants = []
     for name in kernels:
         if "forward_kernel<" in name:
             args = name.split("forward_kernel<", 1)[1].split(">(", 1)[0].split(", ")
-            variants.append((args[-3] == "true", args[-2] == "true"))
+            variants.append(tuple(arg == "true" for arg in args[-4:]))
     return variants
 
 
@@ -487,3 +493,50 @@ def test_shuffled_graph_larger_than_l2_out_of_range_edges(index_dtype):
     good = ~bad
     assert_accurate(out[good], reference(src, dst, src_idx[good], dst_idx[good]),
                     reference64(src, dst, src_idx[good], dst_idx[good]), torch.float32)
+
+
+@pytest.mark.parametrize("num_edges, dependent", [(16384, True), (3, True), (2_000_000, False)])
+def test_forward_of_small_graphs_is_a_dependent_launch(num_edges, dependent):
+    """Graphs that one pass of the resident warps covers take the programmatic-dependent kernel,
+    larger ones the plain one; both are accurate under NaN poison."""
+    g = gen(8)
+    src = rand_feat((1024, 128), device="cuda", g=g)
+    dst = rand_feat((768, 128), device="cuda", g=g)
+    si = rand_index(1024, num_edges, torch.int32, "cuda", g)
+    di = rand_index(768, num_edges, torch.int32, "cuda", g)
+    out = {}
+    kernels = _launched_kernels(lambda: out.setdefault("v", edgedot.edge_dot(src, dst, si, di)))
+    assert [flags[3] for flags in _forward_flags(kernels)] == [dependent]
+    ref = edgedot.edge_dot_reference(src.double(), dst.double(), si, di)
+    assert_accurate(out["v"], edgedot.edge_dot_reference(src, dst, si, di), ref, torch.float32)
+
+
+def test_dependent_forwards_back_to_back_in_a_cuda_graph():
+    """Forwards launched as dependent launches, captured back to back in one CUDA graph, each
+    reading the output of the one before: every one waits for its input."""
+    g = gen(9)
+    n = 512
+    feats = [rand_feat((n, 64), device="cuda", g=g) for _ in range(2)]
+    si = rand_index(n, n * 64, torch.int64, "cuda", g)
+    di = rand_index(n, n * 64, torch.int64, "cuda", g)
+
+    def chain(x):
+        for _ in range(6):  # each forward's output, viewed as [n, 64], is the next one's features
+            x = edgedot.edge_dot(x, feats[1], si, di).view(n, 64)
+        return x
+
+    static = feats[0].clone()
+    chain(static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = chain(static)
+    for _ in range(3):
+        static.copy_(rand_feat((n, 64), device="cuda", g=g))
+        graph.replay()
+        expect = static.double()
+        for _ in range(6):
+            expect = edgedot.edge_dot_reference(expect, feats[1].double(), si, di).view(n, 64)
+        torch.cuda.synchronize()
+        err = ((result.double() - expect).norm() / expect.norm()).item()
+        assert err < 1e-4, err
