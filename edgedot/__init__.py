@@ -2,13 +2,16 @@
 
 ``edge_dot(src_feat, dst_feat, src_idx, dst_idx)`` computes
 ``out[e] = <src_feat[src_idx[e]], dst_feat[dst_idx[e]]>`` without materialising the gathered
-rows, forward and backward, on CPU and CUDA.
+rows, forward and backward, on CPU and CUDA. ``graph_attention(q, k, v, src_idx, dst_idx)``
+is the softmax attention over each node's incoming edges built on the same idea.
 """
 
 from . import nn, ops
+from .attention import graph_attention
 from .functional import edge_dot
 from .plan import EdgePlan
-from .reference import edge_dot_reference
+from .reference import edge_dot_reference, graph_attention_reference
 
-__all__ = ["edge_dot", "EdgePlan", "edge_dot_reference", "nn", "ops"]
+__all__ = ["edge_dot", "graph_attention", "EdgePlan", "edge_dot_reference", "graph_attention_reference", "nn",
+           "ops"]
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ import torch
 
 from ._checks import check_index_range, check_indices_pair
 
-__all__ = ["EdgePlan", "build_side", "MAX_ROWS"]
+__all__ = ["EdgePlan", "build_side", "group_offsets", "MAX_ROWS"]
 
 # Rows of either side a plan can index: each sorted edge packs its two rows in 32 bits each.
 MAX_ROWS = 2**31 - 1
@@ -41,6 +41,14 @@ def build_side(row_idx, other_idx, num_rows, num_other):
     other = torch.where((other >= 0) & (other < num_other), other, torch.full_like(other, -1))
     row_other = (sorted_rows.long() << 32) | (other & 0xFFFFFFFF)
     return torch.cat([order, row_other])
+
+
+def group_offsets(packed, num_rows):
+    """Where each row's run starts in a ``build_side`` grouping: int64 ``[num_rows + 1]``,
+    ``offsets[r]`` = the first sorted position whose row is ``>= r``. Edges with an out-of-range
+    row lie past ``offsets[num_rows]``."""
+    rows = packed[packed.shape[0] // 2:] >> 32
+    return torch.searchsorted(rows, torch.arange(num_rows + 1, device=packed.device, dtype=torch.int64))
 
 
 def check_plan_layout(packed, num_edges, device):
@@ -79,6 +87,17 @@ class EdgePlan:
         self.device = src_idx.device
         self.src = build_side(src_idx, dst_idx, self.num_src, self.num_dst)
         self.dst = build_side(dst_idx, src_idx, self.num_dst, self.num_src)
+        self._offsets = {}
+
+    def offsets(self, side):
+        """``group_offsets`` of the ``"src"`` or ``"dst"`` grouping, computed on first use and kept."""
+        offsets = self._offsets.get(side)
+        if offsets is None:
+            if side not in ("src", "dst"):
+                raise ValueError(f"side must be 'src' or 'dst', got {side!r}")
+            packed, num_rows = (self.src, self.num_src) if side == "src" else (self.dst, self.num_dst)
+            offsets = self._offsets[side] = group_offsets(packed, num_rows)
+        return offsets
 
     def check_matches(self, src_feat, dst_feat, src_idx):
         """Raises ValueError unless the plan was built for a graph of these sizes and device."""
@@ -96,6 +115,7 @@ class EdgePlan:
         plan.__dict__.update(self.__dict__)
         plan.src = self.src.to(device)
         plan.dst = self.dst.to(device)
+        plan._offsets = {side: offsets.to(device) for side, offsets in self._offsets.items()}
         plan.device = plan.src.device  # "cuda" resolved to the current device's index
         return plan
 

@@ -6,7 +6,7 @@ checking results, not for speed.
 
 import torch
 
-__all__ = ["edge_dot_reference"]
+__all__ = ["edge_dot_reference", "graph_attention_reference"]
 
 
 def edge_dot_reference(src_feat, dst_feat, src_idx, dst_idx):
@@ -21,3 +21,35 @@ def edge_dot_reference(src_feat, dst_feat, src_idx, dst_idx):
     src = src_feat[src_idx.long()]
     dst = dst_feat[dst_idx.long()]
     return (src * dst).sum(dim=-1)
+
+
+def graph_attention_reference(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, keep=None,
+                              dropout_p=0.0):
+    """Unfused graph attention, the oracle of :func:`edgedot.graph_attention`.
+
+    ``score[e, h] = scale * <q[dst[e], h], k[src[e], h] + edge_feat[e, h]>``, softmax over the
+    edges of each destination and head, ``out[n, h] = sum_e alpha'[e, h] * (v[src[e], h] +
+    edge_feat[e, h])`` with ``alpha' = alpha * keep / (1 - dropout_p)`` (``keep``: an optional
+    bool ``[E, H]`` mask). Gathers ``[E, H, D]`` tensors and computes in the inputs' dtype (pass
+    float64 inputs for an oracle).
+
+    Returns ``(out [Nd, H, Dv], alpha [E, H])``, ``alpha`` before dropout; differentiable.
+    """
+    src, dst = src_idx.long(), dst_idx.long()
+    num_dst, heads = q.shape[0], q.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    key, value = k[src], v[src]
+    if edge_feat is not None:
+        key, value = key + edge_feat, value + edge_feat
+    score = scale * (q[dst] * key).sum(-1)
+    # The per-destination maximum only keeps exp() in range; softmax does not depend on it.
+    top = torch.full((num_dst, heads), float("-inf"), dtype=score.dtype, device=score.device)
+    top = top.scatter_reduce(0, dst[:, None].expand(-1, heads), score.detach(), "amax").detach()
+    weight = torch.exp(score - top[dst])
+    total = torch.zeros_like(top).index_add(0, dst, weight)
+    alpha = weight / total[dst]
+    kept = alpha
+    if keep is not None:
+        kept = alpha * keep / (1 - dropout_p) if dropout_p < 1 else torch.zeros_like(alpha)
+    out = torch.zeros((num_dst, heads, v.shape[-1]), dtype=value.dtype, device=value.device)
+    return out.index_add(0, dst, kept[..., None] * value), alpha

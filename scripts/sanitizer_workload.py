@@ -75,5 +75,40 @@ for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float3
     si = torch.randint(0, 3000, (num_edges,), device=dev)
     di = torch.randint(0, 2000, (num_edges,), device=dev, dtype=torch.int32)
     forwards(s, d, si, di, [(si, slice(None, None, 997), 3000), (di, slice(5, None, 1009), -1)])
+
+
+def attention_calls(q, k, v, ef, src, dst, p, return_attention):
+    """Graph attention forward and backward through the extension, with groupings of src / dst
+    (out-of-range indices included: build_side maps them past the rows or to -1)."""
+    import edgedot.plan
+    ext = edgedot._build.cuda_module()
+    num_dst, num_src = q.shape[0], k.shape[0]
+    groups = []
+    for rows, other, num_rows, num_other in ((dst, src, num_dst, num_src), (src, dst, num_src, num_dst)):
+        group = edgedot.plan.build_side(rows, other, num_rows, num_other)
+        keys = group[group.shape[0] // 2:] >> 32
+        groups += [group, torch.searchsorted(keys, torch.arange(num_rows + 1, device=dev))]
+    out, lse, alpha = ext.attention_forward(q, k, v, ef, groups[0], groups[1], 0.3, p, 11, return_attention)
+    ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, *groups, 0.3, p, 11, ef is not None)
+
+
+# Graph attention: every dtype; 16-byte rows with 1, 2 or 4 vectors per lane and single-element rows
+# (odd dims, a misaligned stride) with up to 8; value dims unlike the key dims; edge features,
+# dropout and attention weights on and off; destinations and sources without edges; one
+# out-of-range source and one out-of-range destination.
+for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+    for D, Dv, misaligned in [(32, 32, False), (64, 64, False), (256, 256, False), (3, 5, False), (40, 40, True),
+                              (100, 100, True), (256, 256, True), (8, 24, False)]:
+        H, num_src, num_dst, E = 3, 40, 30, 300
+        q = torch.randn(num_dst, H, D + misaligned, device=dev, dtype=dt)[..., misaligned:]
+        k = torch.randn(num_src, H, D, device=dev, dtype=dt)
+        v = torch.randn(num_src, H, Dv, device=dev, dtype=dt)
+        src = torch.randint(0, num_src - 3, (E,), device=dev)
+        dst = torch.randint(0, num_dst - 4, (E,), device=dev, dtype=torch.int32)
+        src[0] = num_src
+        dst[1] = num_dst
+        ef = torch.randn(E, H, D, device=dev, dtype=dt) if D == Dv else None
+        attention_calls(q, k, v, ef, src, dst, 0.3, True)
+        attention_calls(q, k, v, None, src, dst, 0.0, False)
 torch.cuda.synchronize()
 print("sanitize workload done")

@@ -6,11 +6,14 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cmath>
+#include <initializer_list>
 #include <unordered_map>
 #include <mutex>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "edgedot.h"
 
@@ -393,10 +396,163 @@ namespace edgedot {
 at::Tensor kernelbench_forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx, at::Tensor dst_idx);
 }  // namespace edgedot (csrc/kernelbench.cpp)
 
+namespace edgedot {
+namespace {
+
+// Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu). Shapes and dtypes were
+// validated in Python (edgedot/_attention_ops.py); these checks keep the kernels inside their
+// tensors whatever they are given.
+
+at::ScalarType attention_accum(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// [rows, heads, dim] with unit stride on dim.
+Rows attention_rows(const at::Tensor& t) { return Rows{t.data_ptr(), t.size(0), t.stride(0), t.stride(1)}; }
+
+void check_attention_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+                            std::initializer_list<int64_t> shape) {
+  TORCH_CHECK_VALUE(t.device() == q.device(), "edgedot: ", name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "edgedot: ", name, " must have shape ",
+                    at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+AttentionGrouping attention_grouping(const at::Tensor& group, const at::Tensor& offsets, int64_t num_edges,
+                                     int64_t num_rows, const at::Tensor& q, const char* side) {
+  TORCH_CHECK_VALUE(group.scalar_type() == at::kLong && group.dim() == 1 && group.numel() == 2 * num_edges &&
+                        group.is_contiguous() && group.device() == q.device(),
+                    "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
+                    " elements on q's device (edgedot.plan.build_side), got ", group.scalar_type(), " of shape ",
+                    group.sizes());
+  TORCH_CHECK_VALUE(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.numel() == num_rows + 1 &&
+                        offsets.is_contiguous() && offsets.device() == q.device(),
+                    "edgedot: ", side, "_offsets must be a contiguous int64 tensor of ", num_rows + 1,
+                    " elements on q's device, got ", offsets.scalar_type(), " of shape ", offsets.sizes());
+  const int64_t* p = group.data_ptr<int64_t>();
+  return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>()};
+}
+
+// q, k, v (and edge_feat) with unit stride on the last dim, checked against each other.
+AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c10::optional<at::Tensor>& edge_feat,
+                                 int64_t num_edges, double scale, double dropout_p, int64_t seed) {
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kHalf ||
+                       q.scalar_type() == at::kBFloat16,
+                   "edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+                    "edgedot: q, k and v must be 3-D CUDA tensors [rows, heads, dim]");
+  const int64_t heads = q.size(1), dim = q.size(2), dim_v = v.size(2);
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                    "edgedot: q, k and v must have one dtype");
+  check_attention_tensor(k, "k", q, {k.size(0), heads, dim});
+  check_attention_tensor(v, "v", q, {k.size(0), heads, dim_v});
+  TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim && dim_v >= 1 && dim_v <= kAttentionMaxDim,
+                    "edgedot: graph attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ", dim,
+                    " and ", dim_v);
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(num_edges < kMax32 && q.size(0) <= kMax32 && k.size(0) <= kMax32,
+                    "edgedot: graph attention takes fewer than 2**31 edges and at most 2**31 - 1 rows a side");
+  q = unit_stride_last(q);
+  k = unit_stride_last(k);
+  v = unit_stride_last(v);
+  Rows ef{nullptr, 0, 0, 0};
+  if (edge_feat.has_value()) {
+    TORCH_CHECK_VALUE(edge_feat->scalar_type() == q.scalar_type() && edge_feat->dim() == 3,
+                      "edgedot: edge_feat must be 3-D with q's dtype");
+    check_attention_tensor(*edge_feat, "edge_feat", q, {num_edges, heads, dim});
+    TORCH_CHECK_VALUE(dim_v == dim, "edgedot: edge_feat needs v's head dim equal to q's, got ", dim_v, " and ", dim);
+    edge_feat = unit_stride_last(*edge_feat);
+    ef = attention_rows(*edge_feat);
+  }
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
+  // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
+  const double scaled = std::floor(dropout_p * 4294967296.0);
+  const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
+  const double keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
+  return AttentionInputs{attention_rows(q), attention_rows(k), attention_rows(v), ef, num_edges, heads, dim, dim_v,
+                         scale, AttentionDropout{static_cast<uint64_t>(seed), threshold, keep_scale}};
+}
+
+}  // namespace
+
+// Fused graph attention forward over the dst grouping: (out [Nd, H, Dv] in q's dtype, lse [Nd, H]
+// in the accumulation dtype (float64 for float64 inputs, else float32), alpha [E, H] before dropout
+// in q's dtype, or an empty [0] tensor without return_attention).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, at::Tensor k, at::Tensor v,
+                                                                 c10::optional<at::Tensor> edge_feat,
+                                                                 at::Tensor dst_group, at::Tensor dst_offsets,
+                                                                 double scale, double dropout_p, int64_t seed,
+                                                                 bool return_attention) {
+  const int64_t num_edges = dst_group.dim() == 1 ? dst_group.numel() / 2 : 0;
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
+  const int64_t num_dst = q.size(0);
+  AttentionForwardArgs args{in, attention_grouping(dst_group, dst_offsets, num_edges, num_dst, q, "dst")};
+  // No memset: the kernel writes every element (rows without edges as zeros, lse -inf).
+  at::Tensor out = at::empty({num_dst, in.heads, in.dim_v}, q.options());
+  at::Tensor lse = at::empty({num_dst, in.heads}, q.options().dtype(attention_accum(q.scalar_type())));
+  const std::vector<int64_t> alpha_shape = return_attention ? std::vector<int64_t>{num_edges, in.heads}
+                                                            : std::vector<int64_t>{0};
+  at::Tensor alpha = at::empty(alpha_shape, q.options());
+  args.out = out.data_ptr();
+  args.lse = lse.data_ptr();
+  args.alpha = return_attention ? alpha.data_ptr() : nullptr;
+  launch_attention_forward(args, scalar_kind(q.scalar_type()), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse, alpha};
+}
+
+// Its gradients by recomputation from lse: (dq, dk, dv in the inputs' dtype, d_edge_feat [E, H, D]
+// with edge_feat_grad, else an empty [0] tensor). The dst pass writes dq, d_edge_feat and
+// delta = <grad_out, out> per (n, h); the src pass then writes dk and dv.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor dst_group, at::Tensor dst_offsets, at::Tensor src_group,
+    at::Tensor src_offsets, double scale, double dropout_p, int64_t seed, bool edge_feat_grad) {
+  const int64_t num_edges = dst_group.dim() == 1 ? dst_group.numel() / 2 : 0;
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
+  TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
+  const int64_t num_dst = q.size(0), num_src = k.size(0);
+  const at::ScalarType accum = attention_accum(q.scalar_type());
+  check_attention_tensor(grad_out, "grad_out", q, {num_dst, in.heads, in.dim_v});
+  check_attention_tensor(out, "out", q, {num_dst, in.heads, in.dim_v});
+  check_attention_tensor(lse, "lse", q, {num_dst, in.heads});
+  grad_out = grad_out.to(q.scalar_type()).contiguous();
+  out = unit_stride_last(out.to(q.scalar_type()));
+  lse = lse.to(accum).contiguous();
+  AttentionBackwardArgs args{in, attention_rows(grad_out), attention_rows(out), lse.data_ptr(),
+                             attention_grouping(dst_group, dst_offsets, num_edges, num_dst, q, "dst"),
+                             attention_grouping(src_group, src_offsets, num_edges, num_src, q, "src")};
+  // No memsets: every row is written by one team (rows without edges as zeros).
+  at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
+  at::Tensor dq = at::empty({num_dst, in.heads, in.dim}, q.options());
+  at::Tensor dk = at::empty({num_src, in.heads, in.dim}, q.options());
+  at::Tensor dv = at::empty({num_src, in.heads, in.dim_v}, q.options());
+  const std::vector<int64_t> d_edge_feat_shape =
+      edge_feat_grad ? std::vector<int64_t>{num_edges, in.heads, in.dim} : std::vector<int64_t>{0};
+  at::Tensor d_edge_feat = at::empty(d_edge_feat_shape, q.options());
+  args.delta = delta.data_ptr();
+  args.dq = dq.data_ptr();
+  args.dk = dk.data_ptr();
+  args.dv = dv.data_ptr();
+  args.d_edge_feat = edge_feat_grad ? d_edge_feat.data_ptr() : nullptr;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const ScalarKind scalar = scalar_kind(q.scalar_type());
+  launch_attention_backward_dst(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_attention_backward_src(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dq, dk, dv, d_edge_feat};
+}
+
+}  // namespace edgedot
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
   m.def("kernelbench_forward", &edgedot::kernelbench_forward,
         "the seed problem's forward with KernelBench's contract: any index dtype, reference rounding (CUDA)");
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
+  m.def("attention_forward", &edgedot::attention_forward,
+        "fused graph attention over the dst grouping: (out, lse, alpha) (CUDA)");
+  m.def("attention_backward", &edgedot::attention_backward,
+        "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
 }

@@ -122,4 +122,67 @@ void launch_cast_indices(const void* src_idx, const void* dst_idx, ScalarKind ki
 // Bytes of L2 cache of the current device (cached).
 int64_t l2_cache_bytes();
 
+// Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu): per edge e from s to n,
+// score = scale * <q[n, h], k[s, h] + edge_feat[e, h]>, softmax over each destination's edges,
+// out[n, h] = sum of alpha' * (v[s, h] + edge_feat[e, h]); no per-edge rows ever reach memory.
+
+// Widest head (dim and dim_v) the kernels take: 32 lanes of up to 8 elements each.
+inline constexpr int64_t kAttentionMaxDim = 256;
+
+// One side of a graph grouped by row (edgedot.plan.build_side and group_offsets): the edges of row
+// r lie at sorted positions offsets[r] .. offsets[r + 1] - 1; position i holds edge order[i], whose
+// other row is the low 32 bits of row_other[i] (-1 when out of range). Positions from
+// offsets[num_rows] on hold edges whose row is out of range.
+struct AttentionGrouping {
+  const int64_t* order;
+  const uint64_t* row_other;
+  const int64_t* offsets;  // [num_rows + 1]
+};
+
+// Head h of edge e is kept when the hash of (seed, e, h) is at least threshold (floor(p * 2**32),
+// 0 without dropout; csrc/attention.cuh), and kept terms are scaled by keep_scale (1 / (1 - p)).
+struct AttentionDropout {
+  uint64_t seed, threshold;
+  double keep_scale;
+};
+
+// q [num_dst, heads, dim], k [num_src, heads, dim], v [num_src, heads, dim_v], edge_feat
+// [num_edges, heads, dim] with row_stride per edge (data null when absent; else dim_v == dim).
+// num_dst and num_src are q.num_rows and k.num_rows.
+struct AttentionInputs {
+  Rows q, k, v, edge_feat;
+  int64_t num_edges, heads, dim, dim_v;
+  double scale;
+  AttentionDropout dropout;
+};
+
+// The accumulation type: double for float64 inputs, float otherwise (lse, delta).
+struct AttentionForwardArgs {
+  AttentionInputs in;
+  AttentionGrouping dst;
+  void* out;    // [num_dst, heads, dim_v], contiguous, in the inputs' type
+  void* lse;    // [num_dst, heads], accumulation type: -inf for rows without edges
+  void* alpha;  // [num_edges, heads] in the inputs' type (before dropout), or null
+};
+
+struct AttentionBackwardArgs {
+  AttentionInputs in;
+  Rows grad_out, out;  // [num_dst, heads, dim_v]
+  const void* lse;     // [num_dst, heads], accumulation type
+  AttentionGrouping dst, src;
+  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
+  void* dq;            // [num_dst, heads, dim], contiguous, in the inputs' type
+  void* dk;            // [num_src, heads, dim]
+  void* dv;            // [num_src, heads, dim_v]
+  void* d_edge_feat;   // [num_edges, heads, dim], or null
+};
+
+// out, lse (and alpha) over the dst grouping; every element of them is written. Needs dim and
+// dim_v in 1 .. kAttentionMaxDim.
+void launch_attention_forward(const AttentionForwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+// dq, delta (and d_edge_feat) over the dst grouping; then dk and dv over the src grouping, which
+// reads delta. Every element of the outputs is written: rows without edges as zeros.
+void launch_attention_backward_dst(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+
 }  // namespace edgedot

@@ -1,0 +1,216 @@
+"""The graph-attention custom operators: schemas, per-device implementations, fake tensors,
+autograd.
+
+``edgedot::graph_attention``           forward: ``(out, lse, alpha)``.
+``edgedot::graph_attention_backward``  ``(dq, dk, dv, d_edge_feat)`` by recomputation from ``lse``.
+
+Groupings (``edgedot.plan.build_side`` and ``group_offsets``) ride along as optional tensors:
+the CUDA kernels walk the edges grouped by destination (forward, ``dq``, ``d_edge_feat``) and by
+source (``dk``, ``dv``); an absent grouping is built by the implementation that needs it. The
+CPU implementation reads the indices as they are. The dropout seed is a 0-d int64 CPU tensor
+(None without dropout) so that ``torch.compile`` can trace its drawing.
+
+``lse`` is kept in the accumulation dtype (float64 for float64 inputs, else float32): a
+float32 log-sum-exp of logits around 1e4 is off by about 1e-3, which would cost float64
+gradients their precision.
+"""
+
+import torch
+
+from . import _cpu_attention
+from ._build import cuda_module
+from ._checks import FEATURE_DTYPES, check_index_range, check_indices_pair, in_range_indices
+from .plan import MAX_ROWS, build_side, group_offsets
+
+__all__ = ["graph_attention_op", "graph_attention_backward_op", "check_inputs"]
+
+_lib = torch.library.Library("edgedot", "FRAGMENT")
+_lib.define(
+    "graph_attention(Tensor q, Tensor k, Tensor v, Tensor? edge_feat, Tensor src_idx, Tensor dst_idx, "
+    "Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, Tensor? src_offsets, float scale, "
+    "float dropout_p, Tensor? seed, bool return_attention, bool check_indices) -> (Tensor, Tensor, Tensor)")
+_lib.define(
+    "graph_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? edge_feat, Tensor out, "
+    "Tensor lse, Tensor src_idx, Tensor dst_idx, Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, "
+    "Tensor? src_offsets, float scale, float dropout_p, Tensor? seed, bool edge_feat_grad) "
+    "-> (Tensor, Tensor, Tensor, Tensor)")
+
+graph_attention_op = torch.ops.edgedot.graph_attention.default
+graph_attention_backward_op = torch.ops.edgedot.graph_attention_backward.default
+
+
+# Edges a grouping can hold: the kernels count sorted positions in int32.
+MAX_EDGES = 2**31 - 1
+# Widest head dims (D and Dv) of the CUDA kernels (kAttentionMaxDim in csrc/edgedot.h).
+CUDA_MAX_DIM = 256
+
+
+def check_inputs(q, k, v, src_idx, dst_idx, edge_feat):
+    """Raises TypeError / ValueError naming the first malformed tensor argument of
+    :func:`edgedot.graph_attention`."""
+    named = (("q", q), ("k", k), ("v", v), ("src_idx", src_idx), ("dst_idx", dst_idx))
+    for name, t in named + (("edge_feat", edge_feat),) * (edge_feat is not None):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [N, H, D], got shape {tuple(t.shape)}")
+        if t.dtype not in FEATURE_DTYPES:
+            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
+        if 0 in t.shape[1:]:
+            raise ValueError(f"{name} needs at least one head and one feature, got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"q is {q.dtype} but {name} is {t.dtype}; they must match")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have one row per source node, got {k.shape[0]} and {v.shape[0]}")
+    if not q.shape[1] == k.shape[1] == v.shape[1]:
+        raise ValueError(f"head counts differ: q has H={q.shape[1]}, k has H={k.shape[1]}, v has H={v.shape[1]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"feature sizes differ: q has D={q.shape[2]}, k has D={k.shape[2]}")
+    if q.is_cuda and max(q.shape[2], v.shape[2]) > CUDA_MAX_DIM:
+        raise ValueError(f"on CUDA, q and v take head dims of at most {CUDA_MAX_DIM}, got D={q.shape[2]} "
+                         f"and Dv={v.shape[2]}")
+    check_indices_pair(src_idx, dst_idx)
+    num_edges = src_idx.shape[0]
+    if edge_feat is not None:
+        want = (num_edges, q.shape[1], q.shape[2])
+        if edge_feat.dim() != 3 or tuple(edge_feat.shape) != want:
+            raise ValueError(f"edge_feat must be [E, H, D] = {list(want)}, got shape {tuple(edge_feat.shape)}")
+        if edge_feat.dtype != q.dtype:
+            raise TypeError(f"q is {q.dtype} but edge_feat is {edge_feat.dtype}; they must match")
+        if v.shape[2] != q.shape[2]:
+            raise ValueError(f"edge_feat is added to the values, so v needs D={q.shape[2]}, got Dv={v.shape[2]}")
+    for name, t in (("k", k), ("v", v), ("src_idx", src_idx), ("dst_idx", dst_idx), ("edge_feat", edge_feat)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"q is on {q.device} but {name} is on {t.device}; all inputs must share a device")
+    if num_edges >= MAX_EDGES:
+        raise ValueError(f"src_idx has {num_edges} edges; graph_attention takes fewer than {MAX_EDGES}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[0] > MAX_ROWS:
+            raise ValueError(f"{name} has {t.shape[0]} rows; graph_attention takes at most {MAX_ROWS}")
+
+
+def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p):
+    """The checks every implementation repeats."""
+    check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
+
+
+def _lse_dtype(dtype):
+    return _cpu_attention.acc_dtype(dtype)
+
+
+def _seed(seed):
+    return 0 if seed is None else int(seed)
+
+
+def _check_ranges(q, k, src_idx, dst_idx):
+    # Waits for the device once per index tensor (remembered until it changes); not while a CUDA
+    # graph is captured, where nothing may wait: the kernels never read out of range anyway.
+    if src_idx.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    for name, idx, table in (("src_idx", src_idx, k), ("dst_idx", dst_idx, q)):
+        if not in_range_indices.covers(idx, table):
+            check_index_range(name, idx, table.shape[0])
+            in_range_indices.add(idx, table.shape[0])
+
+
+def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
+    if group is None:
+        group = build_side(row_idx, other_idx, num_rows, num_other)
+    if offsets is None:
+        offsets = group_offsets(group, num_rows)
+    return group, offsets
+
+
+@torch.library.impl(_lib, "graph_attention", "CPU")
+def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                 scale, dropout_p, seed, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    _check_ranges(q, k, src_idx, dst_idx)  # always on the CPU (check_indices only spares CUDA a wait)
+    return _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, _seed(seed),
+                                  return_attention)
+
+
+@torch.library.impl(_lib, "graph_attention", "CUDA")
+def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                  scale, dropout_p, seed, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    if check_indices:
+        _check_ranges(q, k, src_idx, dst_idx)
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, q.shape[0], k.shape[0])
+    return cuda_module().attention_forward(q, k, v, edge_feat, dst_group, dst_offsets, scale, dropout_p,
+                                           _seed(seed), return_attention)
+
+
+@torch.library.register_fake("edgedot::graph_attention")
+def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                  scale, dropout_p, seed, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    num_dst, heads = q.shape[0], q.shape[1]
+    out = q.new_empty((num_dst, heads, v.shape[-1]))
+    lse = q.new_empty((num_dst, heads), dtype=_lse_dtype(q.dtype))
+    alpha = q.new_empty((src_idx.shape[0], heads) if return_attention else (0,))
+    return out, lse, alpha
+
+
+@torch.library.impl(_lib, "graph_attention_backward", "CPU")
+def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                  src_offsets, scale, dropout_p, seed, edge_feat_grad):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    return _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p,
+                                   _seed(seed), edge_feat_grad)
+
+
+@torch.library.impl(_lib, "graph_attention_backward", "CUDA")
+def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                   src_offsets, scale, dropout_p, seed, edge_feat_grad):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    num_dst, num_src = q.shape[0], k.shape[0]
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
+    src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, dst_group, dst_offsets,
+                                            src_group, src_offsets, scale, dropout_p, _seed(seed),
+                                            edge_feat_grad)
+
+
+@torch.library.register_fake("edgedot::graph_attention_backward")
+def _backward_fake(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                   src_offsets, scale, dropout_p, seed, edge_feat_grad):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    d_edge_feat = q.new_empty((src_idx.shape[0], q.shape[1], q.shape[2]) if edge_feat_grad else (0,))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_edge_feat
+
+
+# Positions of the forward op's arguments.
+_Q, _K, _V, _EDGE_FEAT = 0, 1, 2, 3
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+     scale, dropout_p, seed, _, _) = inputs
+    out, lse, alpha = output
+    # alpha is returned for inspection: the backward has no term for it.
+    ctx.mark_non_differentiable(lse, alpha)
+    ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
+    ctx.save_for_backward(q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                          src_offsets, seed)
+    ctx.scale, ctx.dropout_p = scale, dropout_p
+
+
+def _backward(ctx, grad_out, grad_lse, grad_alpha):
+    if grad_out is None:  # out's gradient is undefined: so are the inputs'
+        return (None,) * 15
+    (q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+     seed) = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    dq, dk, dv, d_edge_feat = graph_attention_backward_op(
+        grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+        src_offsets, ctx.scale, ctx.dropout_p, seed, bool(needs[_EDGE_FEAT]))
+    return (dq if needs[_Q] else None, dk if needs[_K] else None, dv if needs[_V] else None,
+            d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
+
+
+torch.library.register_autograd("edgedot::graph_attention", _backward, setup_context=_setup_context)

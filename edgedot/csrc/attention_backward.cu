@@ -1,0 +1,232 @@
+// Graph attention backward by recomputation from lse (FlashAttention-style): two passes, each
+// writing every row it owns once, without atomics, so gradients are bitwise reproducible.
+//   dst pass: team per (n, h) over the dst grouping: delta[n, h], dq[n, h], d_edge_feat per edge;
+//   src pass: team per (m, h) over the src grouping: dk[m, h], dv[m, h], reading delta.
+// Scores are recomputed exactly as the forward computes them (same team shape, same order of
+// operations), so alpha = exp(score - lse) matches the forward's softmax.
+#include "attention.cuh"
+
+namespace edgedot {
+
+namespace {
+
+// Edges in flight per team: the forward's, but one for float32 rows of two vectors a lane, which
+// spilled 152 bytes with two.
+template <typename T, int NV>
+constexpr int kGradBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kAttentionBatch<T, NV>;
+
+// Per edge: ds = alpha * (dp * w - delta), with w = keep / (1 - p) (keep_weight), alpha' = alpha * w.
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
+  using A = accum_t<T>;
+  constexpr int B = kGradBatch<T, NV>;
+  const AttentionInputs& in = a.in;
+  const Team t(group);
+  const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
+  const bool has_ef = in.edge_feat.data != nullptr;
+  const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
+  const A scale = static_cast<A>(in.scale);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const A* lse_in = static_cast<const A*>(a.lse);
+  A* delta_out = static_cast<A*>(a.delta);
+  T* dq_out = static_cast<T*>(a.dq);
+  T* d_ef = static_cast<T*>(a.d_edge_feat);
+
+  for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
+    const int64_t n = unit / heads, h = unit - n * heads;
+    const PositionRange range = row_positions(a.dst, n, in.num_edges);
+    const int64_t begin = range.begin, end = range.end;
+    LaneRow<T, VEC, NV> q, dout, dq;
+    load_widened(q, row_head<T>(in.q, n, h), t, dvec);
+    load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
+    A delta;
+    {
+      LaneRow<T, VEC, NV> out;
+      load_widened(out, row_head<T>(a.out, n, h), t, vvec);
+      delta = t.sum(lane_dot(dout, out));
+    }
+    if (t.lane == 0) delta_out[unit] = delta;
+    const A lse = lse_in[unit];
+    dq.zero();
+    RawRow<T, VEC, NV> kr[B], vr[B], er[B];
+    auto usable = [&](const GroupedEdge& e) {
+      return e.other >= 0 && e.other < num_src && in_range(e.edge, in.num_edges);
+    };
+    walk_edges<B>(
+        a.dst, t, begin, end,
+        [&](const GroupedEdge (&e)[B]) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (!usable(e[j])) continue;
+            kr[j].load(row_head<T>(in.k, e[j].other, h), t, dvec);
+            vr[j].load(row_head<T>(in.v, e[j].other, h), t, vvec);
+            if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
+          }
+        },
+        [&](const GroupedEdge (&e)[B], int64_t i) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (i + j >= end) break;
+            T* d_ef_row = d_ef != nullptr && in_range(e[j].edge, in.num_edges)
+                              ? d_ef + (e[j].edge * heads + h) * in.dim
+                              : nullptr;
+            if (!usable(e[j])) {  // an out-of-range source adds nothing
+              if (d_ef_row != nullptr) store_zero_row<T, VEC, NV>(d_ef_row, t, dvec);
+              continue;
+            }
+            const A s = scaled_score(t.sum(lane_dot(q, kr[j], er[j], has_ef, t, dvec)), scale);
+            const A dp = t.sum(lane_dot(dout, vr[j], er[j], has_ef, t, vvec));
+            const A alpha = accurate_exp(s - lse);
+            const A w = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A ds = alpha * (dp * w - delta);
+            add_scaled(dq, scale * ds, kr[j], er[j], has_ef, t, dvec);
+            if (d_ef_row != nullptr) store_combination(d_ef_row, t, dvec, scale * ds, q, alpha * w, dout, true);
+          }
+        });
+    store_row(dq_out + unit * in.dim, t, dvec, A(1), dq);
+  }
+
+  if (d_ef == nullptr) return;
+  // Edges whose destination is out of range (only without index checks) add nothing.
+  const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
+  const int64_t row_elems = heads * in.dim;
+  for (int64_t x = thread; x < (in.num_edges - tail) * row_elems; x += threads) {
+    const int64_t i = tail + x / row_elems;
+    const int64_t e = a.dst.order[i];
+    if (in_range(e, in.num_edges)) d_ef[e * row_elems + x % row_elems] = from_accum<T>(A(0));
+  }
+}
+
+// Team per (m, h) over the src grouping: k[m, h] and v[m, h] in registers, each outgoing edge's
+// q, grad_out (destination n) and edge_feat rows in flight, with lse and delta of (n, h).
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
+  using A = accum_t<T>;
+  constexpr int B = kGradBatch<T, NV>;
+  const AttentionInputs& in = a.in;
+  const Team t(group);
+  const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
+  const bool has_ef = in.edge_feat.data != nullptr;
+  const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
+  const A scale = static_cast<A>(in.scale);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const A* lse_in = static_cast<const A*>(a.lse);
+  const A* delta_in = static_cast<const A*>(a.delta);
+  T* dk_out = static_cast<T*>(a.dk);
+  T* dv_out = static_cast<T*>(a.dv);
+
+  for (int64_t unit = thread / group; unit < num_src * heads; unit += threads / group) {
+    const int64_t m = unit / heads, h = unit - m * heads;
+    const PositionRange range = row_positions(a.src, m, in.num_edges);
+    const int64_t begin = range.begin, end = range.end;
+    RawRow<T, VEC, NV> k, v;
+    k.load(row_head<T>(in.k, m, h), t, dvec);
+    v.load(row_head<T>(in.v, m, h), t, vvec);
+    LaneRow<T, VEC, NV> dk, dv;
+    dk.zero();
+    dv.zero();
+    RawRow<T, VEC, NV> qr[B], gr[B], er[B];
+    A lse[B], delta[B];
+    auto usable = [&](const GroupedEdge& e) {
+      return e.other >= 0 && e.other < num_dst && in_range(e.edge, in.num_edges);
+    };
+    walk_edges<B>(
+        a.src, t, begin, end,
+        [&](const GroupedEdge (&e)[B]) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (!usable(e[j])) continue;
+            qr[j].load(row_head<T>(in.q, e[j].other, h), t, dvec);
+            gr[j].load(row_head<T>(a.grad_out, e[j].other, h), t, vvec);
+            if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
+            lse[j] = __ldg(lse_in + e[j].other * heads + h);
+            delta[j] = __ldg(delta_in + e[j].other * heads + h);
+          }
+        },
+        [&](const GroupedEdge (&e)[B], int64_t) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (!usable(e[j])) continue;  // past the end, or an out-of-range destination: adds nothing
+            LaneRow<T, VEC, NV> qx, gx;
+            // The forward's score: q widened, k + edge_feat widened element by element.
+#pragma unroll
+            for (int u = 0; u < NV; ++u)
+#pragma unroll
+              for (int c = 0; c < VEC; ++c) {
+                qx.x[u][c] = lane_has<NV>(t, dvec, u) ? to_accum(qr[j].x[u].v[c]) : A(0);
+                gx.x[u][c] = lane_has<NV>(t, vvec, u) ? to_accum(gr[j].x[u].v[c]) : A(0);
+              }
+            const A s = scaled_score(t.sum(lane_dot(qx, k, er[j], has_ef, t, dvec)), scale);
+            const A dp = t.sum(lane_dot(gx, v, er[j], has_ef, t, vvec));
+            const A alpha = accurate_exp(s - lse[j]);
+            const A w = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A ds = alpha * (dp * w - delta[j]);
+            const A g = scale * ds, gv = alpha * w;
+#pragma unroll
+            for (int u = 0; u < NV; ++u)
+#pragma unroll
+              for (int c = 0; c < VEC; ++c) {
+                dk.x[u][c] = fma_accum(g, qx.x[u][c], dk.x[u][c]);
+                dv.x[u][c] = fma_accum(gv, gx.x[u][c], dv.x[u][c]);
+              }
+          }
+        });
+    store_row(dk_out + unit * in.dim, t, dvec, A(1), dk);
+    store_row(dv_out + unit * in.dim_v, t, vvec, A(1), dv);
+  }
+}
+
+template <typename T>
+bool backward_vectorizable(const AttentionBackwardArgs& a) {
+  const AttentionInputs& in = a.in;
+  return attention_vectorizable<T>({{&in.q, in.dim},
+                                    {&in.k, in.dim},
+                                    {&in.v, in.dim_v},
+                                    {&in.edge_feat, in.dim},
+                                    {&a.grad_out, in.dim_v},
+                                    {&a.out, in.dim_v}},
+                                   {a.dq, a.dk, a.dv, a.d_edge_feat});
+}
+
+// Calls launch(integral_constant VEC, integral_constant NV, group) for the arguments' team shape,
+// the same in both passes and in the forward.
+template <typename T, typename F>
+void dispatch_backward(const AttentionBackwardArgs& a, F&& launch) {
+  const bool vectorized = backward_vectorizable<T>(a);
+  const int vec = vectorized ? wide_vec<T>() : 1;
+  const TeamShape shape = attention_team((a.in.dim > a.in.dim_v ? a.in.dim : a.in.dim_v) / vec);
+  dispatch_attention<T>(vectorized, shape.per_lane, [&](auto v, auto nv) { launch(v, nv, shape.group); });
+}
+
+}  // namespace
+
+void launch_attention_backward_dst(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    dispatch_backward<T>(a, [&](auto v, auto nv, int group) {
+      auto kernel = attention_backward_dst_kernel<T, decltype(v)::value, decltype(nv)::value>;
+      const int64_t threads =
+          a.in.q.num_rows * a.in.heads * group + (a.d_edge_feat != nullptr ? a.in.num_edges : 0);
+      if (threads == 0) return;
+      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+    });
+  });
+}
+
+void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    dispatch_backward<T>(a, [&](auto v, auto nv, int group) {
+      auto kernel = attention_backward_src_kernel<T, decltype(v)::value, decltype(nv)::value>;
+      const int64_t threads = a.in.k.num_rows * a.in.heads * group;
+      if (threads == 0) return;
+      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+    });
+  });
+}
+
+}  // namespace edgedot

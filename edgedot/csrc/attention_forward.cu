@@ -1,0 +1,147 @@
+// Graph attention forward: one team of lanes per (destination, head) walks the destination's
+// incoming edges with an online softmax; no per-edge row ever reaches memory.
+#include "attention.cuh"
+
+namespace edgedot {
+
+namespace {
+
+// Team per (n, h) over the dst grouping: q[n, h] and the output row in registers, B edges' k, v
+// and edge_feat rows in flight per lane, the next batch's positions loaded while they arrive.
+// Softmax state (m, l) is kept per team; every lane holds the same bits (Team::sum), so branches on
+// it are uniform. An edge whose source is out of range makes its destination NaN. With alpha, a
+// second walk recomputes each score once lse is known. Edges whose destination is out of range lie
+// past offsets[num_dst]: their alpha is NaN.
+// Hub rows are walked by one team in sequence (one memory latency per batch of B edges).
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+attention_forward_kernel(AttentionForwardArgs a, int group) {
+  using A = accum_t<T>;
+  constexpr int B = kAttentionBatch<T, NV>;
+  const AttentionInputs& in = a.in;
+  const Team t(group);
+  const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
+  const bool has_ef = in.edge_feat.data != nullptr;
+  const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
+  const A scale = static_cast<A>(in.scale);
+  const A inf = static_cast<A>(INFINITY), nan = static_cast<A>(NAN);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  T* out = static_cast<T*>(a.out);
+  A* lse_out = static_cast<A*>(a.lse);
+  T* alpha = static_cast<T*>(a.alpha);
+
+  for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
+    const int64_t n = unit / heads, h = unit - n * heads;
+    const PositionRange range = row_positions(a.dst, n, in.num_edges);
+    const int64_t begin = range.begin, end = range.end;
+    LaneRow<T, VEC, NV> q, acc;
+    load_widened(q, row_head<T>(in.q, n, h), t, dvec);
+    acc.zero();
+    A m = -inf, l = 0;
+    bool bad = false;
+    RawRow<T, VEC, NV> kr[B], vr[B], er[B];
+    // Whether the edge's rows exist (its source and id in range).
+    auto usable = [&](const GroupedEdge& e) {
+      return e.other >= 0 && e.other < num_src && in_range(e.edge, in.num_edges);
+    };
+    auto load_keys = [&](const GroupedEdge (&e)[B]) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        if (!usable(e[j])) continue;
+        kr[j].load(row_head<T>(in.k, e[j].other, h), t, dvec);
+        if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
+      }
+    };
+    // Edge j's score; NaN when its rows do not exist.
+    auto score = [&](const GroupedEdge& e, int j) {
+      if (!usable(e)) return nan;
+      return scaled_score(t.sum(lane_dot(q, kr[j], er[j], has_ef, t, dvec)), scale);
+    };
+    walk_edges<B>(
+        a.dst, t, begin, end,
+        [&](const GroupedEdge (&e)[B]) {
+          load_keys(e);
+#pragma unroll
+          for (int j = 0; j < B; ++j)
+            if (usable(e[j])) vr[j].load(row_head<T>(in.v, e[j].other, h), t, vvec);
+        },
+        [&](const GroupedEdge (&e)[B], int64_t i) {
+          A s[B];
+          A m_new = m;
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            s[j] = score(e[j], j);
+            if (i + j < end && !(s[j] == s[j])) bad = true;  // also catches NaN from the inputs
+            if (s[j] > m_new) m_new = s[j];
+          }
+          if (m_new == -inf) return;  // no edge of the batch adds anything
+          const A correction = accurate_exp(m - m_new);  // 0 on the first edge (m = -inf)
+          l *= correction;
+          scale_row(acc, correction);
+          m = m_new;
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (!(s[j] > -inf)) continue;  // NaN, -inf, or past the end
+            const A p = accurate_exp(s[j] - m);
+            l += p;
+            add_scaled(acc, p * keep_weight<A>(in.dropout, e[j].edge, h, heads), vr[j], er[j], has_ef, t, vvec);
+          }
+        });
+    const A lse = bad ? nan : l > 0 ? m + accurate_log(l) : -inf;
+    T* out_row = out + unit * in.dim_v;
+    if (bad) {
+      store_row(out_row, t, vvec, nan, acc);
+    } else if (l > 0) {
+      store_row(out_row, t, vvec, A(1) / l, acc);
+    } else {
+      store_zero_row<T, VEC, NV>(out_row, t, vvec);
+    }
+    if (t.lane == 0) lse_out[unit] = lse;
+    if (alpha == nullptr) continue;
+    walk_edges<B>(a.dst, t, begin, end, load_keys, [&](const GroupedEdge (&e)[B], int64_t i) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const A s = score(e[j], j);
+        if (i + j < end && t.lane == (j & (group - 1)) && in_range(e[j].edge, in.num_edges)) {
+          alpha[e[j].edge * heads + h] = from_accum<T>(accurate_exp(s - lse));
+        }
+      }
+    });
+  }
+
+  if (alpha == nullptr) return;
+  // Edges whose destination is out of range (only without index checks).
+  const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
+  for (int64_t x = thread; x < (in.num_edges - tail) * heads; x += threads) {
+    const int64_t i = tail + x / heads;
+    const int64_t e = a.dst.order[i];
+    if (in_range(e, in.num_edges)) alpha[e * heads + x % heads] = from_accum<T>(nan);
+  }
+}
+
+template <typename T, int VEC, int NV>
+void launch(const AttentionForwardArgs& a, int group, cudaStream_t stream) {
+  auto kernel = attention_forward_kernel<T, VEC, NV>;
+  const int64_t threads = a.in.q.num_rows * a.in.heads * group + (a.alpha != nullptr ? a.in.num_edges : 0);
+  if (threads == 0) return;
+  kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+}
+
+}  // namespace
+
+void launch_attention_forward(const AttentionForwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    const AttentionInputs& in = a.in;
+    const bool vectorized = attention_vectorizable<T>(
+        {{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim}}, {a.out});
+    const int vec = vectorized ? wide_vec<T>() : 1;
+    const TeamShape shape = attention_team((in.dim > in.dim_v ? in.dim : in.dim_v) / vec);
+    dispatch_attention<T>(vectorized, shape.per_lane, [&](auto v, auto nv) {
+      launch<T, decltype(v)::value, decltype(nv)::value>(a, shape.group, stream);
+    });
+  });
+}
+
+}  // namespace edgedot
