@@ -1,0 +1,328 @@
+"""The graph-attention benchmark: ``edgedot.graph_attention`` (default, deterministic, with a
+plan), ``edgedot.nn.TransformerConv``, PyG's ``TransformerConv`` and ``torch.compile`` of the
+unfused math, forward and forward+backward, on graphs of the sizes of ogbn-arxiv, ogbn-products
+and Reddit (uniform random edges sorted by destination, 4 heads of 32, 128 input features)."""
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+import torch
+
+import edgedot
+
+from .._graphs import sorted_by_src, uniform_edges
+from .attention_check import LINEARS, expected_attention, rows_error, unfused_attention, weights_error
+from .cases import ATTN_FORWARD, ATTN_FORWARD_BACKWARD, QUICK_EDGES, TOLERANCE, dtype_name, rotating_sets
+from .timing import BenchPath, NotApplicable, progress, relative_error, run_section
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention problem: ``num_nodes`` nodes on both sides, targets from the issue."""
+
+    name: str
+    num_nodes: int
+    num_edges: int
+    dtype: torch.dtype
+    target_forward_us: Optional[float] = None
+    target_forward_backward_us: Optional[float] = None
+    memory_budget_bytes: Optional[int] = None  # forward+backward extra memory the op must fit in
+    heads: int = 4
+    dim: int = 32
+    in_channels: int = 128
+    index_dtype: torch.dtype = torch.int64      # PyG's edge_index
+
+    def describe(self):
+        fields = asdict(self)
+        fields["dtype"] = dtype_name(self.dtype)
+        fields["index_dtype"] = dtype_name(self.index_dtype)
+        return fields
+
+
+ARXIV = dict(num_nodes=169_343, num_edges=1_166_243)
+ATTENTION_CASES = [
+    AttentionCase("attn_arxiv_f32", **ARXIV, dtype=torch.float32, target_forward_us=450,
+                  target_forward_backward_us=1300),
+    AttentionCase("attn_arxiv_bf16", **ARXIV, dtype=torch.bfloat16, target_forward_us=250,
+                  target_forward_backward_us=750),
+    AttentionCase("attn_products_bf16", 2_449_029, 30_000_000, torch.bfloat16, 6000, 18000),
+    AttentionCase("attn_reddit_bf16", 232_965, 114_615_892, torch.bfloat16, 21000, 63000,
+                  memory_budget_bytes=10 * GB),
+]
+
+# Issue targets on the ratios (see ``targets``).
+MAX_FORWARD_VS_BOUND = 1.5
+MAX_FORWARD_BACKWARD_VS_FORWARD = 3.0
+MAX_DETERMINISTIC_VS_DEFAULT = 1.2
+
+
+def shrunk_attention(case):
+    """The case with nodes and edges divided by one factor, down to about ``QUICK_EDGES`` edges."""
+    factor = max(1, case.num_edges // QUICK_EDGES)
+    return replace(case, num_nodes=max(1, case.num_nodes // factor), num_edges=case.num_edges // factor)
+
+
+def gather_bytes(case):
+    """Least bytes of the forward: each edge's k and v rows and its two indices, each node's q
+    row and output row."""
+    row = case.heads * case.dim * case.dtype.itemsize
+    return case.num_edges * (2 * row + 2 * case.index_dtype.itemsize) + case.num_nodes * 2 * row
+
+
+# --------------------------------------------------------------------------- inputs
+
+@dataclass
+class AttentionSet:
+    """One input set of an attention case (all paths' inputs and gradients of the output)."""
+
+    x: torch.Tensor            # [N, in_channels], the layers' input
+    q: torch.Tensor            # [N, H, D], the op's inputs
+    k: torch.Tensor
+    v: torch.Tensor
+    edge_index: torch.Tensor   # [2, E], sources in row 0, sorted by destination
+    grad_out: torch.Tensor     # [N, H, D], the op's
+    grad_layer: torch.Tensor   # [N, H * D], the layers'
+
+    def __post_init__(self):
+        self.src_idx, self.dst_idx = self.edge_index[0], self.edge_index[1]  # the same objects every call
+
+    def nbytes(self):
+        return sum(t.nbytes for t in (self.x, self.q, self.k, self.v, self.edge_index, self.grad_out,
+                                      self.grad_layer))
+
+    def clear_grads(self):
+        for t in (self.x, self.q, self.k, self.v):
+            t.grad = None
+
+    def requires_grad_(self):
+        for t in (self.x, self.q, self.k, self.v):
+            t.requires_grad_()
+
+
+def make_attention_set(case, device, seed):
+    """Uniform random edges sorted by destination and normal features, drawn from ``seed``."""
+    generator = torch.Generator(device).manual_seed(seed)
+    src, dst = uniform_edges(case.num_nodes, case.num_nodes, case.num_edges, generator)
+    dst, src = sorted_by_src(dst, src)
+    edge_index = torch.stack([src, dst]).to(case.index_dtype)
+    del src, dst
+
+    def normal(*shape):
+        return torch.randn(shape, generator=generator, device=device, dtype=case.dtype)
+
+    n, h, d = case.num_nodes, case.heads, case.dim
+    return AttentionSet(normal(n, case.in_channels), normal(n, h, d), normal(n, h, d), normal(n, h, d),
+                        edge_index, normal(n, h, d), normal(n, h * d))
+
+
+def layer_weights(case, device):
+    """Seeded weights of the layers' projections (``torch.nn.Linear``'s initialisation), in the
+    case's dtype, shared by edgedot's and PyG's layer and by the reference."""
+    generator = torch.Generator(device).manual_seed(99)
+    bound = 1 / math.sqrt(case.in_channels)
+    width = case.heads * case.dim
+    weights = {}
+    for lin in (*LINEARS, "lin_skip"):  # lin_skip: built by both layers, unused without root_weight
+        for name, shape in ((f"{lin}.weight", (width, case.in_channels)), (f"{lin}.bias", (width,))):
+            uniform = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+            weights[name] = ((2 * uniform - 1) * bound).to(case.dtype)
+    return weights
+
+
+def load_weights(layer, weights):
+    """Copies ``weights`` into the layer's parameters of the same names (each must have one)."""
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name not in weights:
+                raise KeyError(f"the benchmark has no weights for parameter {name}")
+            param.copy_(weights[name])
+
+
+# --------------------------------------------------------------------------- the paths
+
+def attention_paths(case, sets, check, compiled, weights, backward):
+    """Path makers of one section; ``backward``: each timed call is ``out.backward(grad)`` too."""
+    op = getattr(edgedot, "graph_attention", None)
+    device = sets[0].x.device
+
+    def op_path(call_op):
+        if not backward:
+            return BenchPath(call_op, lambda out: relative_error(out[check.rows], check.out))
+
+        def call(i):
+            out = call_op(i)
+            out.backward(sets[i].grad_out)
+            return out
+
+        def verify():
+            first = sets[0]
+            first.clear_grads()
+            out = call_op(0)
+            out.backward(check.grad_out)
+            errors = [relative_error(out[check.rows], check.out)]
+            errors += [rows_error(getattr(first, name).grad, rows, want)
+                       for name, (rows, want) in check.grads.items()]
+            first.clear_grads()
+            return max(errors)
+
+        return BenchPath(call, None, reset=lambda i: sets[i].clear_grads(), check=verify)
+
+    def layer_path(layer, strict=True):
+        layer = layer.to(device=device, dtype=case.dtype)
+        load_weights(layer, weights)
+
+        def forward(i):
+            return layer(sets[i].x, sets[i].edge_index)
+
+        def clear(i):
+            sets[i].clear_grads()
+            layer.zero_grad(set_to_none=True)
+
+        if not backward:
+            def call(i):
+                with torch.no_grad():
+                    return forward(i)
+            return BenchPath(call, lambda out: relative_error(out[check.rows], check.layer_out), strict=strict)
+
+        def call(i):
+            out = forward(i)
+            out.backward(sets[i].grad_layer)
+            return out
+
+        def verify():
+            clear(0)
+            out = forward(0)
+            out.backward(check.layer_grad_out)
+            errors = [relative_error(out[check.rows], check.layer_out), rows_error(sets[0].x.grad, *check.x_grad),
+                      weights_error({name: p.grad for name, p in layer.named_parameters()}, check.weight_grads)]
+            clear(0)
+            return max(errors)
+
+        return BenchPath(call, None, reset=clear, check=verify, strict=strict)
+
+    def edgedot_op(plans=None, **options):
+        def make():
+            if op is None:
+                raise NotApplicable("edgedot.graph_attention is not available")
+            plan_of = plans() if plans else [None] * len(sets)  # built here, outside the timing
+            return op_path(lambda i: op(sets[i].q, sets[i].k, sets[i].v, sets[i].src_idx, sets[i].dst_idx,
+                                        plan=plan_of[i], **options))
+        return make
+
+    def plans():
+        return [edgedot.EdgePlan(s.src_idx, s.dst_idx, case.num_nodes, case.num_nodes) for s in sets]
+
+    def edgedot_layer():
+        layer_class = getattr(edgedot.nn, "TransformerConv", None)
+        if layer_class is None:
+            raise NotApplicable("edgedot.nn.TransformerConv is not available")
+        return layer_path(layer_class(case.in_channels, case.dim, heads=case.heads, root_weight=False))
+
+    def pyg_layer():
+        try:
+            from torch_geometric.nn import TransformerConv
+        except ImportError:
+            raise NotApplicable("torch_geometric is not installed") from None
+        # A baseline: timed even where its half-precision sums miss the tolerance (marked).
+        return layer_path(TransformerConv(case.in_channels, case.dim, heads=case.heads, root_weight=False),
+                          strict=False)
+
+    scale = case.dim ** -0.5
+    return {
+        "edgedot": edgedot_op(),
+        "edgedot_det": edgedot_op(deterministic=True),
+        "edgedot_plan": edgedot_op(plans=plans),
+        "edgedot_layer": edgedot_layer,
+        "pyg": pyg_layer,
+        "compile": lambda: op_path(lambda i: compiled(sets[i].q, sets[i].k, sets[i].v, sets[i].src_idx,
+                                                      sets[i].dst_idx, scale)),
+    }
+
+
+# --------------------------------------------------------------------------- one case
+
+def run_attention_case(case, device, clock, settings, with_backward, bandwidths):
+    """Checks and times every attention path of one case; returns its record (the JSON's)."""
+    copy_bw = bandwidths["copy"]
+    progress(f"{case.name}: making inputs")
+    sets = rotating_sets(lambda seed: make_attention_set(case, device, seed), device, settings)
+    weights = layer_weights(case, device)
+    check = expected_attention(case, sets[0], weights, with_backward)
+    moved = gather_bytes(case)
+    bound_us = 1e6 * moved / copy_bw if copy_bw else None
+    record = {"kind": "attention", "config": case.describe(), "input_sets": len(sets),
+              "check": check.describe(), "bytes": {ATTN_FORWARD: moved}, "bound_us": bound_us}
+    options = dict(tolerance=TOLERANCE[case.dtype], num_sets=len(sets), clock=clock, settings=settings,
+                   baselines=("compile", "pyg"))
+    torch._dynamo.reset()
+    compiled = torch.compile(unfused_attention, dynamic=False)
+    record[ATTN_FORWARD] = run_section("attention forward", attention_paths(case, sets, check, compiled, weights,
+                                                                             backward=False),
+                                       moved, copy_bw, **options)
+    if with_backward:
+        for inputs in sets:
+            inputs.requires_grad_()
+        record[ATTN_FORWARD_BACKWARD] = run_section(
+            "attention forward+backward", attention_paths(case, sets, check, compiled, weights, backward=True),
+            None, None, **options)
+    add_ratios(record)
+    record["targets"] = targets(case, record)
+    return record
+
+
+def ok_time(section, path):
+    """The path's median time in the section, None where it was not timed."""
+    result = section.get(path, {})
+    return result.get("median_us") if result.get("status") == "ok" else None
+
+
+def add_ratios(record):
+    """``vs_bound`` (forward time / gather bound) and ``vs_forward`` (forward+backward time /
+    the same path's forward time)."""
+    forward = record[ATTN_FORWARD]
+    for path, result in forward.items():
+        if result["status"] == "ok":
+            result["vs_bound"] = result["median_us"] / record["bound_us"] if record["bound_us"] else None
+    for path, result in record.get(ATTN_FORWARD_BACKWARD, {}).items():
+        if result["status"] == "ok":
+            base = ok_time(forward, path)
+            result["vs_forward"] = result["median_us"] / base if base else None
+
+
+def ratio(num, den):
+    """``num / den``, None where either is missing."""
+    return num / den if num is not None and den else None
+
+
+def targets(case, record):
+    """The issue's targets next to the measured values (edgedot's default path unless named)."""
+    forward, both = record[ATTN_FORWARD], record.get(ATTN_FORWARD_BACKWARD, {})
+    section = both or forward  # deterministic against default: training where it was timed
+    result = {
+        "forward_us": [ok_time(forward, "edgedot"), case.target_forward_us],
+        "forward_backward_us": [ok_time(both, "edgedot"), case.target_forward_backward_us],
+        "forward_vs_bound": [ratio(ok_time(forward, "edgedot"), record["bound_us"]), MAX_FORWARD_VS_BOUND],
+        "forward_backward_vs_forward": [ratio(ok_time(both, "edgedot"), ok_time(forward, "edgedot")),
+                                        MAX_FORWARD_BACKWARD_VS_FORWARD],
+        "deterministic_vs_default": [ratio(ok_time(section, "edgedot_det"), ok_time(section, "edgedot")),
+                                     MAX_DETERMINISTIC_VS_DEFAULT],
+    }
+    peak = both.get("edgedot", {}).get("peak_extra_bytes")
+    result["forward_backward_peak_bytes"] = [peak, case.memory_budget_bytes]
+    if case.memory_budget_bytes:
+        # Whether each path trains within the budget: True / False, or its status (OOM, ...).
+        result["memory_budget_bytes"] = case.memory_budget_bytes
+        result["fits_budget"] = {path: fits(found, case.memory_budget_bytes) for path, found in both.items()}
+    return result
+
+
+def fits(result, budget):
+    """True or False against ``budget``; the status where the path did not run (OOM, n/a, ...),
+    None where the peak is unknown (CPU)."""
+    if result["status"] != "ok":
+        return result["status"]
+    peak = result.get("peak_extra_bytes")
+    return None if peak is None else peak <= budget

@@ -1,0 +1,125 @@
+"""edgedot.bench: the command-line smoke run (CPU-sized ``--quick``) and the attention check."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import edgedot
+from edgedot.bench import attention, attention_check
+from edgedot.bench.__main__ import select_cases
+from edgedot.bench.cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GRAPH_REPLAY,
+                                 GRAPH_REPLAY_HOT)
+from edgedot.bench.timing import relative_error
+
+REPO = Path(__file__).resolve().parent.parent
+ATTENTION_PATHS = ["edgedot", "edgedot_det", "edgedot_plan", "edgedot_layer", "pyg", "compile"]
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    """``python -m edgedot.bench --quick`` on an edge_dot case with graph replay and an attention case."""
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [sys.executable, "-m", "edgedot.bench", "--quick", "--reps-scale", "0.1",
+            "--cases", "default,attn_arxiv_bf16", "--json", str(out / "bench.json"), "--png", str(out / "bench.png")]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return json.loads((out / "bench.json").read_text()), proc.stdout
+
+
+def test_quick_run_report(quick_report):
+    report, stdout = quick_report
+    for key in ("device", "torch", "settings", "tolerance", "copy_bandwidth_bytes_per_s", "l2_bandwidth_bytes_per_s",
+                "l2_probe_bytes", "cases"):
+        assert key in report, key
+    assert set(report["l2_bandwidth_bytes_per_s"]) == {"copy", "read"}
+    assert list(report["cases"]) == ["default", "attn_arxiv_bf16"]
+    for title in ("Forward: median time per call", "Forward + backward: median time per call",
+                  "Kernel time alone: calls captured in a CUDA graph: median time per call",
+                  "Attention forward: median time per call", "Attention forward + backward: median time per call",
+                  "Attention targets", "L2 bandwidth"):
+        assert title in stdout, title
+    assert "default cold" in stdout and "default hot" in stdout
+
+
+def test_quick_run_edge_dot(quick_report):
+    record = quick_report[0]["cases"]["default"]
+    assert record["kind"] == "edge_dot"
+    for section, paths in ((FORWARD, ["eager", "compile", "edgedot", "edgedot_fresh", "edgedot_nocheck"]),
+                           (FORWARD_BACKWARD, ["eager", "compile", "edgedot", "edgedot_det", "edgedot_plan"])):
+        for path in paths:
+            result = record[section][path]
+            assert result["status"] == "ok", (section, path, result)
+            assert result["rel_err"] <= quick_report[0]["tolerance"]["float32"]
+            assert result["median_us"] > 0 and len(result["times_us"]) == result["reps"]
+    for section in (GRAPH_REPLAY, GRAPH_REPLAY_HOT):
+        expected = "ok" if torch.cuda.is_available() else "n/a"
+        assert {p: r["status"] for p, r in record[section].items()} == dict.fromkeys(["eager", "compile", "edgedot"],
+                                                                                     expected)
+    assert "l2_fraction" in record[GRAPH_REPLAY_HOT]["edgedot"] or not torch.cuda.is_available()
+
+
+def test_quick_run_attention_baselines(quick_report):
+    record = quick_report[0]["cases"]["attn_arxiv_bf16"]
+    assert record["kind"] == "attention"
+    assert record["config"]["num_edges"] <= 2 * 4096 and record["check"]["edges"] == record["config"]["num_edges"]
+    for key in ("bytes", "bound_us", "targets", ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
+        assert key in record, key
+    for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
+        assert list(record[section]) == ATTENTION_PATHS
+        assert record[section]["compile"]["status"] == "ok", record[section]["compile"]
+        pyg = record[section]["pyg"]
+        assert pyg["status"] in ("ok", "n/a"), pyg
+    for key in ("forward_us", "forward_backward_us", "forward_vs_bound", "forward_backward_vs_forward",
+                "deterministic_vs_default", "forward_backward_peak_bytes"):
+        assert len(record["targets"][key]) == 2
+
+
+def test_quick_run_attention_edgedot(quick_report):
+    record = quick_report[0]["cases"]["attn_arxiv_bf16"]
+    for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
+        for path in ("edgedot", "edgedot_det", "edgedot_plan", "edgedot_layer"):
+            result = record[section][path]
+            assert result["status"] == "ok", (section, path, result)
+            assert result["rel_err"] <= quick_report[0]["tolerance"]["bfloat16"]
+    assert record[ATTN_FORWARD_BACKWARD]["edgedot"]["vs_forward"] > 0
+
+
+def test_case_selection():
+    names = [case.name for case in select_cases(None, quick=False)]
+    assert names[0] == "default" and names[-4:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+                                                    "attn_reddit_bf16"]
+    (reddit,) = select_cases("attn_reddit_bf16", quick=True)
+    assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
+    with pytest.raises(SystemExit, match="unknown case"):
+        select_cases("default,nope", quick=True)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_attention_check_is_exact(monkeypatch, sampled):
+    """The float64 check on a sample of destination nodes checks whole gradients: the unfused
+    float32 math passes it, and fails it with a grad_out that is not zero outside the sample."""
+    if sampled:
+        monkeypatch.setattr(attention_check, "REFERENCE_EDGES", 300)
+    case = attention.shrunk_attention(attention.ATTENTION_CASES[-1])  # Reddit-like in-degree
+    inputs = attention.make_attention_set(case, torch.device("cpu"), seed=0)
+    inputs.requires_grad_()
+    check = attention_check.expected_attention(case, inputs, attention.layer_weights(case, torch.device("cpu")),
+                                               with_grads=True)
+    assert (check.num_edges < case.num_edges) == sampled
+
+    def errors(grad_out):
+        args = [t.detach().float().requires_grad_() for t in (inputs.q, inputs.k, inputs.v)]
+        out = attention_check.unfused_attention(*args, inputs.src_idx, inputs.dst_idx, case.dim ** -0.5)
+        out.backward(grad_out.float())
+        return [relative_error(out[check.rows], check.out)] + \
+            [attention_check.rows_error(arg.grad, *check.grads[name]) for name, arg in zip("qkv", args)]
+
+    assert max(errors(check.grad_out)) < 1e-5
+    if sampled:
+        assert min(errors(inputs.grad_out)[1:]) > 0.1
