@@ -2,6 +2,7 @@
 
 import torch
 
+from ._checks import TensorMemo, check_index_range
 from .attention import graph_attention
 from .functional import edge_dot
 
@@ -127,9 +128,10 @@ class TransformerConv(torch.nn.Module):
             raise ValueError("edge_attr was given but the layer was built without edge_dim")
         query, key, value = self._qkv(x_src, x_dst)
         want_alpha = isinstance(return_attention_weights, bool)
+        checked = _edge_index_in_range(edge_index, key.shape[0], query.shape[0])
         out = graph_attention(query, key, value, edge_index[0], edge_index[1], edge_feat=edge_feat,
                               dropout_p=self.dropout if self.training else 0.0, plan=plan,
-                              return_attention=want_alpha)
+                              check_indices=not checked, return_attention=want_alpha)
         out, alpha = out if want_alpha else (out, None)
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if self.root_weight:
@@ -143,3 +145,22 @@ class TransformerConv(torch.nn.Module):
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+# edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
+_edge_index_checked = TensorMemo()
+
+
+def _edge_index_in_range(edge_index, num_src, num_dst):
+    """Checks ``edge_index`` against the node counts once per tensor (remembered until it changes)
+    and returns True, or returns False where nothing may wait (tracing, CUDA-graph capture) and
+    :func:`graph_attention` checks its rows itself. ``edge_index[0]`` and ``edge_index[1]`` are new
+    views on every call, which its own memo would check (and on CUDA wait for) every time."""
+    if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    known = _edge_index_checked.get(edge_index)
+    if known is None or known[0] > num_src or known[1] > num_dst:
+        check_index_range("edge_index[0]", edge_index[0], num_src)
+        check_index_range("edge_index[1]", edge_index[1], num_dst)
+        _edge_index_checked.put(edge_index, (num_src, num_dst))
+    return True
