@@ -6,7 +6,8 @@ autograd.
 
 Groupings (``edgedot.plan.build_side`` and ``group_offsets``) ride along as optional tensors:
 the CUDA kernels walk the edges grouped by destination (forward, ``dq``, ``d_edge_feat``) and by
-source (``dk``, ``dv``); an absent grouping is built by the implementation that needs it. The
+source (``dk``, ``dv``); an absent grouping is built by the implementation that needs it
+(:func:`build_grouping`: on CUDA one sort and one kernel of the extension). The
 CPU implementation reads the indices as they are. The dropout seed is a 0-d int64 CPU tensor
 (None without dropout) so that ``torch.compile`` can trace its drawing.
 
@@ -22,7 +23,9 @@ from ._build import cuda_module
 from ._checks import FEATURE_DTYPES, check_index_range, check_indices_pair, in_range_indices
 from .plan import MAX_ROWS, build_side, group_offsets
 
-__all__ = ["graph_attention_op", "graph_attention_backward_op", "check_inputs"]
+__all__ = ["graph_attention_op", "graph_attention_backward_op", "check_inputs", "build_grouping"]
+
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 _lib = torch.library.Library("edgedot", "FRAGMENT")
 _lib.define(
@@ -117,9 +120,22 @@ def _check_ranges(q, k, src_idx, dst_idx):
             in_range_indices.add(idx, table.shape[0])
 
 
+def build_grouping(row_idx, other_idx, num_rows, num_other):
+    """``(build_side(row_idx, other_idx, num_rows, num_other), its group_offsets)``. Plain CUDA
+    tensors outside tracing take one radix sort and one kernel of the extension, which give the same
+    tensors bit for bit; fake, functorch-wrapped or subclassed tensors and ``torch.compile`` keep
+    the tensor operations, which they can trace."""
+    if (not torch.compiler.is_compiling() and type(row_idx) is torch.Tensor and type(other_idx) is torch.Tensor
+            and row_idx.is_cuda and not _is_wrapped(row_idx) and not _is_wrapped(other_idx)):
+        return cuda_module().group_edges(row_idx, other_idx, num_rows, num_other)
+    group = build_side(row_idx, other_idx, num_rows, num_other)
+    return group, group_offsets(group, num_rows)
+
+
 def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
     if group is None:
-        group = build_side(row_idx, other_idx, num_rows, num_other)
+        group, built = build_grouping(row_idx, other_idx, num_rows, num_other)
+        return group, built if offsets is None else offsets
     if offsets is None:
         offsets = group_offsets(group, num_rows)
     return group, offsets

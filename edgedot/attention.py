@@ -7,8 +7,8 @@ import numbers
 import torch
 
 from . import _cpu_attention
-from ._attention_ops import check_inputs, graph_attention_op
-from .plan import EdgePlan, build_side, group_offsets
+from ._attention_ops import build_grouping, check_inputs, graph_attention_op
+from .plan import EdgePlan
 
 __all__ = ["graph_attention", "dropout_keep", "draw_seed"]
 
@@ -74,8 +74,7 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         src_group, src_offsets = plan.src, plan.offsets("src")
     elif q.is_cuda:
         # Built here, so that the backward reuses it (the source grouping is built there).
-        dst_group = build_side(dst_idx, src_idx, q.shape[0], k.shape[0])
-        dst_offsets = group_offsets(dst_group, q.shape[0])
+        dst_group, dst_offsets = build_grouping(dst_idx, src_idx, q.shape[0], k.shape[0])
     out, _, alpha = graph_attention_op(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                                        src_offsets, float(scale), float(dropout_p), seed, return_attention,
                                        check_indices)

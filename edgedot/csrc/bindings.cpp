@@ -319,6 +319,52 @@ std::tuple<at::Tensor, bool> edge_order(const at::Tensor& row_idx, const at::Ten
   return {buffer.narrow(0, 0, num_edges), buffer[num_edges].item<int32_t>() != 0};
 }
 
+// edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
+// bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
+// instead of a dozen tensor operations. Never waits for the device.
+std::tuple<at::Tensor, at::Tensor> group_edges(const at::Tensor& row_idx, const at::Tensor& other_idx,
+                                               int64_t num_rows, int64_t num_other) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  const IndexKind row_index = index_kind(row_idx, "row_idx");
+  const IndexKind other_index = index_kind(other_idx, "other_idx");
+  TORCH_CHECK_VALUE(row_idx.dim() == 1 && other_idx.dim() == 1 && row_idx.size(0) == other_idx.size(0),
+                    "edgedot: row_idx and other_idx must be 1-D of one length, got shapes ", row_idx.sizes(), " and ",
+                    other_idx.sizes());
+  TORCH_CHECK_VALUE(row_idx.is_cuda() && other_idx.device() == row_idx.device(),
+                    "edgedot: row_idx and other_idx must be on one CUDA device, got ", row_idx.device(), " and ",
+                    other_idx.device());
+  const int64_t num_edges = row_idx.size(0);
+  TORCH_CHECK_VALUE(num_edges < kMax32, "edgedot: group_edges takes fewer than 2**31 - 1 edges, got ", num_edges);
+  TORCH_CHECK_VALUE(num_rows >= 0 && num_rows <= kMax32 && num_other >= 0 && num_other <= kMax32,
+                    "edgedot: num_rows and num_other must lie in [0, 2**31 - 1], got ", num_rows, " and ", num_other);
+  const c10::cuda::CUDAGuard guard(row_idx.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto options = row_idx.options();
+  at::Tensor packed = at::empty({2 * num_edges}, options.dtype(at::kLong));
+  at::Tensor offsets = at::empty({num_rows + 1}, options.dtype(at::kLong));
+  at::Tensor keys, positions;
+  int buffer = 0;
+  if (num_edges > 0) {
+    keys = at::empty({2, num_edges}, options.dtype(at::kInt));
+    positions = at::empty({2, num_edges}, options.dtype(at::kInt));
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+    const at::Tensor rows = row_idx.contiguous();
+    buffer = launch_sort_by_row(rows.data_ptr(), row_index, num_edges, num_rows, keys.data_ptr<int32_t>(),
+                                positions.data_ptr<int32_t>(), temp.data_ptr(), temp_bytes, stream);
+    TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor other = other_idx.contiguous();
+  int64_t* p = packed.data_ptr<int64_t>();
+  launch_group_edges(num_edges > 0 ? keys.data_ptr<int32_t>() + buffer * num_edges : nullptr,
+                     num_edges > 0 ? positions.data_ptr<int32_t>() + buffer * num_edges : nullptr, other.data_ptr(),
+                     other_index, num_edges, num_rows, num_other, p, reinterpret_cast<uint64_t*>(p + num_edges),
+                     offsets.data_ptr<int64_t>(), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {packed, offsets};
+}
+
 // One side's gradient: over the plan's sorted edges if one is given, else by `reduction`:
 //   "atomic"   edges as given, atomics into the gradient;
 //   "sorted"   row_idx is non-decreasing: each row written once, bitwise reproducible;
@@ -550,6 +596,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernelbench_forward", &edgedot::kernelbench_forward,
         "the seed problem's forward with KernelBench's contract: any index dtype, reference rounding (CUDA)");
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
+  m.def("group_edges", &edgedot::group_edges,
+        "edgedot.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha) (CUDA)");

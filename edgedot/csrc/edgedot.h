@@ -89,6 +89,16 @@ size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
                        int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
 
+// The grouping of edgedot.plan.build_side and its group_offsets (edgedot/csrc/group_edges.cu),
+// from the sorted keys and positions of launch_sort_by_row (num_edges entries each, the buffer it
+// returned; unread when num_edges is 0): order[i] = positions[i], row_other[i] = keys[i] << 32 |
+// other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets
+// [num_rows + 1] the first sorted position whose key is >= r. num_edges below 2**31 - 1, num_rows
+// and num_other at most 2**31 - 1.
+void launch_group_edges(const int32_t* keys, const int32_t* positions, const void* other_idx, IndexKind other_index,
+                        int64_t num_edges, int64_t num_rows, int64_t num_other, int64_t* order, uint64_t* row_other,
+                        int64_t* offsets, cudaStream_t stream);
+
 // A sorted edge in 64 bits: its other row in the low half (-1 when out of range), the bits of its
 // heads x grad_out values (at most 4 bytes, head 0 lowest) in the high half.
 __host__ __device__ inline uint64_t pack_edge(int32_t other, uint32_t grad_bits) {
