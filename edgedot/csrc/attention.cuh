@@ -1,6 +1,7 @@
 // Shared by the graph attention kernels: thread teams, a lane's vectors of a row, the dropout hash.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -19,15 +20,17 @@ __device__ __forceinline__ float scaled_score(float dot, float scale) { return _
 __device__ __forceinline__ double scaled_score(double dot, double scale) { return __dmul_rn(dot, scale); }
 
 // Edges in flight per team: each lane loads the rows of this many edges before it adds any, since
-// the gather is latency-bound; fewer when a lane holds more vectors of each row, and half as many
-// for types whose widened values take more registers (half types, double), which spilled at four.
-template <typename T, int NV>
-constexpr int kAttentionBatch = (std::is_same_v<T, float> ? 4 : 2) / NV > 1 ? (std::is_same_v<T, float> ? 4 : 2) / NV : 1;
+// the gather is latency-bound; fewer when a lane holds more vectors of each row, and fewer for
+// types whose widened values take more registers (half types, double) or with edge_feat rows.
+template <typename T, int NV, bool kHasEdgeFeat>
+constexpr int kAttentionBatch =
+    std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 || kHasEdgeFeat ? 2 : 3) / NV);
 
-// Blocks per SM the kernels are built for: 128 registers a thread; double, whose values take two,
-// gets 255 (it spilled at 128).
-template <typename T>
-constexpr int kAttentionBlocksPerSM = sizeof(T) == 8 ? 1 : 2;
+// Blocks per SM the kernels are built for: 3 (80 registers a thread) where that leaves the batches
+// above without spills; 2 (128 registers) with edge_feat rows or 8 vectors a lane; 1 for double,
+// whose values take two registers each (it spilled at 128).
+template <typename T, int NV, bool kHasEdgeFeat>
+constexpr int kAttentionBlocksPerSM = sizeof(T) == 8 ? 1 : kHasEdgeFeat || NV == 8 ? 2 : 3;
 
 // A team of `group` lanes (an aligned power of two up to 32) owns one (row, head) pair. Teams of a
 // warp walk different rows, so they diverge: reductions shuffle within the team's own lanes.
@@ -56,6 +59,10 @@ struct Team {
   }
 };
 
+// Fewest lanes of a team: walk_edges gives each edge of a batch to a lane of its own. Lanes beyond
+// a row's vectors add zeros, which leave the team's sums as they are (but for the sign of a zero).
+constexpr int kAttentionMinTeam = 4;
+
 // Team shape for rows of `vectors` vectors: lanes per team and vectors per lane (per_lane, a power
 // of two). One vector per lane up to 32, so small heads spread over several lanes and the heads of
 // one node (adjacent teams) read adjacent memory.
@@ -64,7 +71,7 @@ struct TeamShape {
 };
 
 inline TeamShape attention_team(int64_t vectors) {
-  int group = 1;
+  int group = kAttentionMinTeam;
   while (group < 32 && group < vectors) group *= 2;
   int per_lane = 1;
   while (static_cast<int64_t>(group) * per_lane < vectors) per_lane *= 2;
@@ -83,6 +90,8 @@ struct LaneRow {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) x[u][j] = 0;
   }
+
+  __device__ __forceinline__ A at(int u, int c) const { return x[u][c]; }
 };
 
 template <int NV>
@@ -95,48 +104,82 @@ __device__ __forceinline__ const T* lane_vec(const T* row, const Team& t, int u)
   return row + (t.lane + u * t.group) * VEC;
 }
 
-// load_vec through the read-only data cache: the kernels never write the tables they gather from,
-// and the compiler does not infer that by itself here (the plain loads stayed ld.global).
+// The bits of a vector of VEC elements of T, in 32-bit words (one 16-bit word for a single half
+// type element). Rows are held as these words: held as elements, bfloat16 rows took one register
+// per 16-bit element, twice the registers, and spilled.
 template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> load_vec_ro(const T* p) {
-  constexpr int kBytes = sizeof(T) * VEC;
-  Vec<T, VEC> v;
-  if constexpr (kBytes == 16) {
-    const int4 bits = __ldg(reinterpret_cast<const int4*>(p));
-    memcpy(&v, &bits, kBytes);
-  } else if constexpr (kBytes == 8) {
-    const int2 bits = __ldg(reinterpret_cast<const int2*>(p));
-    memcpy(&v, &bits, kBytes);
-  } else if constexpr (kBytes == 4) {
-    const int bits = __ldg(reinterpret_cast<const int*>(p));
-    memcpy(&v, &bits, kBytes);
-  } else {
-    static_assert(kBytes == 2, "vectors of 2, 4, 8 or 16 bytes");
-    const unsigned short bits = __ldg(reinterpret_cast<const unsigned short*>(p));
-    memcpy(&v, &bits, kBytes);
-  }
-  return v;
-}
-
-// Raw vectors of a row, as loaded (converted later, so that loads of several edges issue together).
-template <typename T, int VEC, int NV>
-struct RawRow {
-  Vec<T, VEC> x[NV];
-
-  __device__ __forceinline__ void load(const T* row, const Team& t, int vectors) {
-#pragma unroll
-    for (int u = 0; u < NV; ++u)
-      if (lane_has<NV>(t, vectors, u)) x[u] = load_vec_ro<T, VEC>(lane_vec<T, VEC>(row, t, u));
-  }
+struct VecBits {
+  static constexpr int kBytes = sizeof(T) * VEC;
+  using Word = std::conditional_t<kBytes >= 4, uint32_t, uint16_t>;
+  Word w[kBytes / sizeof(Word)];
 };
 
-// Element c of vector u of raw (+ extra when add_extra), in the accumulation type. Rows are kept
-// as loaded and widened where used, which keeps half the registers for half types.
+// A vector's bits through the read-only data cache: the kernels never write the tables they gather
+// from, and the compiler does not infer that by itself here (the plain loads stayed ld.global).
+template <typename T, int VEC>
+__device__ __forceinline__ VecBits<T, VEC> load_bits_ro(const T* p) {
+  constexpr int kBytes = VecBits<T, VEC>::kBytes;
+  VecBits<T, VEC> b;
+  if constexpr (kBytes == 16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    b.w[0] = v.x, b.w[1] = v.y, b.w[2] = v.z, b.w[3] = v.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    b.w[0] = v.x, b.w[1] = v.y;
+  } else if constexpr (kBytes == 4) {
+    b.w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+  } else {
+    static_assert(kBytes == 2, "vectors of 2, 4, 8 or 16 bytes");
+    b.w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
+  }
+  return b;
+}
+
+// Element c of a vector, widened to the accumulation type (exactly).
+template <typename T, int VEC>
+__device__ __forceinline__ accum_t<T> widen(const VecBits<T, VEC>& b, int c) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(b.w[c]);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return __hiloint2double(static_cast<int>(b.w[2 * c + 1]), static_cast<int>(b.w[2 * c]));
+  } else if constexpr (VecBits<T, VEC>::kBytes >= 4) {
+    typename Pair<T>::type pair;  // half types: the element's half of its pair's word
+    memcpy(&pair, &b.w[c / 2], sizeof(pair));
+    const float2 f = to_float2(pair);
+    return c % 2 == 0 ? f.x : f.y;
+  } else {
+    T x;
+    memcpy(&x, &b.w[0], sizeof(x));
+    return to_accum(x);
+  }
+}
+
+// Raw vectors of a row, as loaded (widened where used, so that loads of several edges issue
+// together and half types keep half the registers).
+template <typename T, int VEC, int NV>
+struct RawRow {
+  VecBits<T, VEC> x[NV];
+
+  // The lane's vectors of row; zeros for those it does not hold, and all zeros for a null row. Every
+  // path sets every register: a vector left as it was would keep its registers live from one batch
+  // (and unit) to the next, through the rest of the loop.
+  __device__ __forceinline__ void load(const T* row, const Team& t, int vectors) {
+    const VecBits<T, VEC> zero{};
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+      x[u] = row != nullptr && lane_has<NV>(t, vectors, u) ? load_bits_ro<T, VEC>(lane_vec<T, VEC>(row, t, u)) : zero;
+  }
+
+  // Element c of vector u, widened.
+  __device__ __forceinline__ accum_t<T> at(int u, int c) const { return widen(x[u], c); }
+};
+
+// Element c of vector u of raw (+ extra when add_extra), in the accumulation type.
 template <typename T, int VEC, int NV>
 __device__ __forceinline__ accum_t<T> widened(const RawRow<T, VEC, NV>& raw, const RawRow<T, VEC, NV>& extra,
                                               bool add_extra, int u, int c) {
-  accum_t<T> value = to_accum(raw.x[u].v[c]);
-  if (add_extra) value += to_accum(extra.x[u].v[c]);
+  accum_t<T> value = raw.at(u, c);
+  if (add_extra) value += extra.at(u, c);
   return value;
 }
 
@@ -148,13 +191,14 @@ __device__ __forceinline__ void load_widened(LaneRow<T, VEC, NV>& out, const T* 
   for (int u = 0; u < NV; ++u) {
     const bool has = lane_has<NV>(t, vectors, u);
 #pragma unroll
-    for (int c = 0; c < VEC; ++c) out.x[u][c] = has ? to_accum(raw.x[u].v[c]) : accum_t<T>(0);
+    for (int c = 0; c < VEC; ++c) out.x[u][c] = has ? raw.at(u, c) : accum_t<T>(0);
   }
 }
 
-// This lane's part of <x, raw (+ extra)> over the vectors below `vectors`.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ accum_t<T> lane_dot(const LaneRow<T, VEC, NV>& x, const RawRow<T, VEC, NV>& raw,
+// This lane's part of <x, raw (+ extra)> over the vectors below `vectors`; x a LaneRow, or a RawRow
+// widened element by element (the same values, without holding them widened).
+template <typename X, typename T, int VEC, int NV>
+__device__ __forceinline__ accum_t<T> lane_dot(const X& x, const RawRow<T, VEC, NV>& raw,
                                                const RawRow<T, VEC, NV>& extra, bool add_extra, const Team& t,
                                                int vectors) {
   accum_t<T> acc = 0;
@@ -162,7 +206,7 @@ __device__ __forceinline__ accum_t<T> lane_dot(const LaneRow<T, VEC, NV>& x, con
   for (int u = 0; u < NV; ++u) {
     if (!lane_has<NV>(t, vectors, u)) continue;
 #pragma unroll
-    for (int c = 0; c < VEC; ++c) acc = fma_accum(x.x[u][c], widened(raw, extra, add_extra, u, c), acc);
+    for (int c = 0; c < VEC; ++c) acc = fma_accum(x.at(u, c), widened(raw, extra, add_extra, u, c), acc);
   }
   return acc;
 }
@@ -280,15 +324,20 @@ __device__ __forceinline__ const T* row_head(const Rows& r, int64_t n, int64_t h
   return static_cast<const T*>(r.data) + n * r.row_stride + h * r.head_stride;
 }
 
-// Sorted position i of a grouping: its other row (-1 when out of range) and edge id.
+// Sorted position i of a grouping: its edge id (-1 when out of range) and other row (-1 when out of
+// range or when the edge id is, so that other >= 0 says the edge's rows exist). Edge ids lie below
+// num_edges < 2**31: both fit 32 bits, which halves the registers of a batch's positions.
 struct GroupedEdge {
-  int32_t other;
-  int64_t edge;
+  int32_t other, edge;
 };
 
-__device__ __forceinline__ GroupedEdge grouped_edge(const AttentionGrouping& g, int64_t i) {
-  return {static_cast<int32_t>(static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned long long*>(g.row_other + i)))),
-          __ldg(reinterpret_cast<const long long*>(g.order + i))};
+__device__ __forceinline__ GroupedEdge grouped_edge(const AttentionGrouping& g, int64_t i, int64_t num_edges,
+                                                    int64_t num_other) {
+  const int64_t edge = __ldg(reinterpret_cast<const long long*>(g.order + i));
+  const uint64_t row_other = __ldg(reinterpret_cast<const unsigned long long*>(g.row_other + i));
+  const int32_t other = static_cast<int32_t>(static_cast<uint32_t>(row_other));
+  const bool edge_ok = in_range(edge, num_edges);
+  return {edge_ok && in_range(other, num_other) ? other : -1, edge_ok ? static_cast<int32_t>(edge) : -1};
 }
 
 // Sorted positions [begin, end) of row r, clamped to [0, num_edges] so that no offsets can make a
@@ -307,36 +356,25 @@ __device__ __forceinline__ PositionRange row_positions(const AttentionGrouping& 
   return {begin, end > begin ? end : begin};
 }
 
-// Walks sorted positions [begin, end) of a grouping in batches of B edges. For each batch,
-// load(edges) issues the loads of the edges' rows, then the next batch's positions are loaded (so
-// that they arrive while this batch's rows are in flight), then use(edges, i) computes. Positions
-// past end come as {-1, -1}. In teams of at least B lanes, lane j loads position i + j (one
-// coalesced load) and Team::from hands it to the team; smaller teams load every position per lane.
+// Walks sorted positions [begin, end) of a grouping of num_edges edges between its rows and
+// num_other other rows, in batches of B edges. For each batch, load(edges) issues the loads of the
+// edges' rows, then the next batch's positions are loaded (so that they arrive while this batch's
+// rows are in flight), then use(edges, i) computes. Positions past end come as {-1, -1}. Lane j < B
+// of the team loads position i + j (one coalesced load, one position a lane in registers) and
+// Team::from hands it to the team (which has at least kAttentionMinTeam >= B lanes).
 template <int B, typename Load, typename Use>
-__device__ __forceinline__ void walk_edges(const AttentionGrouping& g, const Team& t, int64_t begin, int64_t end,
-                                           Load&& load, Use&& use) {
-  GroupedEdge next[B];
+__device__ __forceinline__ void walk_edges(const AttentionGrouping& g, int64_t num_edges, int64_t num_other,
+                                           const Team& t, int64_t begin, int64_t end, Load&& load, Use&& use) {
+  static_assert(B <= kAttentionMinTeam, "a lane of the team per edge of a batch");
+  GroupedEdge next{-1, -1};
   auto fetch = [&](int64_t i) {
-    if (t.group >= B) {
-      next[0] = GroupedEdge{-1, -1};
-      if (t.lane < B && i + t.lane < end) next[0] = grouped_edge(g, i + t.lane);
-    } else {
-#pragma unroll
-      for (int j = 0; j < B; ++j) next[j] = i + j < end ? grouped_edge(g, i + j) : GroupedEdge{-1, -1};
-    }
+    next = t.lane < B && i + t.lane < end ? grouped_edge(g, i + t.lane, num_edges, num_other) : GroupedEdge{-1, -1};
   };
   if (begin < end) fetch(begin);
   for (int64_t i = begin; i < end; i += B) {
     GroupedEdge e[B];
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      if (t.group >= B) {
-        e[j].other = t.from(next[0].other, j);
-        e[j].edge = t.from(next[0].edge, j);
-      } else {
-        e[j] = next[j];
-      }
-    }
+    for (int j = 0; j < B; ++j) e[j] = {t.from(next.other, j), t.from(next.edge, j)};
     load(e);
     if (i + B < end) fetch(i + B);
     use(e, i);
@@ -354,26 +392,31 @@ inline bool attention_vectorizable(std::initializer_list<std::pair<const Rows*, 
   return true;
 }
 
-// Calls f(integral_constant VEC, integral_constant NV) with the smallest NV >= per_lane, up to
-// what kAttentionMaxDim needs at this vector width (32 lanes of NV vectors of VEC elements).
+// Calls f(integral_constant VEC, integral_constant NV, bool_constant has_edge_feat) with the
+// smallest NV >= per_lane, up to what kAttentionMaxDim needs at this vector width (32 lanes of NV
+// vectors of VEC elements).
 template <int VEC, int NV, typename F>
-inline void dispatch_per_lane(int per_lane, F&& f) {
+inline void dispatch_per_lane(int per_lane, bool has_edge_feat, F&& f) {
   if constexpr (NV * 32 * VEC < kAttentionMaxDim) {
     if (per_lane > NV) {
-      dispatch_per_lane<VEC, 2 * NV>(per_lane, f);
+      dispatch_per_lane<VEC, 2 * NV>(per_lane, has_edge_feat, f);
       return;
     }
   }
-  f(std::integral_constant<int, VEC>{}, std::integral_constant<int, NV>{});
+  if (has_edge_feat) {
+    f(std::integral_constant<int, VEC>{}, std::integral_constant<int, NV>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, VEC>{}, std::integral_constant<int, NV>{}, std::false_type{});
+  }
 }
 
 // The same for 16-byte vectors when `vectorized`, else single elements.
 template <typename T, typename F>
-inline void dispatch_attention(bool vectorized, int per_lane, F&& f) {
+inline void dispatch_attention(bool vectorized, int per_lane, bool has_edge_feat, F&& f) {
   if (vectorized) {
-    dispatch_per_lane<wide_vec<T>(), 1>(per_lane, f);
+    dispatch_per_lane<wide_vec<T>(), 1>(per_lane, has_edge_feat, f);
   } else {
-    dispatch_per_lane<1, 1>(per_lane, f);
+    dispatch_per_lane<1, 1>(per_lane, has_edge_feat, f);
   }
 }
 

@@ -10,21 +10,28 @@ namespace edgedot {
 
 namespace {
 
-// Edges in flight per team: the forward's, but one for float32 rows of two vectors a lane, which
-// spilled 152 bytes with two.
-template <typename T, int NV>
-constexpr int kGradBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kAttentionBatch<T, NV>;
+// Edges in flight per team in the dst pass: the forward's, but one for float32 rows of two vectors a
+// lane, which spilled 152 bytes with two.
+template <typename T, int NV, bool kHasEdgeFeat>
+constexpr int kDstBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kAttentionBatch<T, NV, kHasEdgeFeat>;
+
+// The src pass holds more per edge (lse and delta besides the rows): one edge fewer without
+// edge_feat, whose batch spilled at 80 registers.
+template <typename T, int NV, bool kHasEdgeFeat>
+constexpr int kSrcBatch = kHasEdgeFeat ? kDstBatch<T, NV, true> : std::max(1, kDstBatch<T, NV, false> - 1);
 
 // Per edge: ds = alpha * (dp * w - delta), with w = keep / (1 - p) (keep_weight), alpha' = alpha * w.
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+// kPerEdge: whether edge_feat is present or d_edge_feat wanted; without either (the common case),
+// the per-edge rows and stores are compiled out and take no registers.
+template <typename T, int VEC, int NV, bool kPerEdge>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kPerEdge>)
 attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
   using A = accum_t<T>;
-  constexpr int B = kGradBatch<T, NV>;
+  constexpr int B = kDstBatch<T, NV, kPerEdge>;
   const AttentionInputs& in = a.in;
   const Team t(group);
   const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
-  const bool has_ef = in.edge_feat.data != nullptr;
+  const bool has_ef = kPerEdge && in.edge_feat.data != nullptr;
   const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
   const A scale = static_cast<A>(in.scale);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -32,7 +39,7 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
   const A* lse_in = static_cast<const A*>(a.lse);
   A* delta_out = static_cast<A*>(a.delta);
   T* dq_out = static_cast<T*>(a.dq);
-  T* d_ef = static_cast<T*>(a.d_edge_feat);
+  T* d_ef = kPerEdge ? static_cast<T*>(a.d_edge_feat) : nullptr;
 
   for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
     const int64_t n = unit / heads, h = unit - n * heads;
@@ -51,28 +58,25 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
     const A lse = lse_in[unit];
     dq.zero();
     RawRow<T, VEC, NV> kr[B], vr[B], er[B];
-    auto usable = [&](const GroupedEdge& e) {
-      return e.other >= 0 && e.other < num_src && in_range(e.edge, in.num_edges);
-    };
     walk_edges<B>(
-        a.dst, t, begin, end,
+        a.dst, in.num_edges, num_src, t, begin, end,
         [&](const GroupedEdge (&e)[B]) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
-            if (!usable(e[j])) continue;
-            kr[j].load(row_head<T>(in.k, e[j].other, h), t, dvec);
-            vr[j].load(row_head<T>(in.v, e[j].other, h), t, vvec);
-            if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
+            const bool ok = e[j].other >= 0;
+            kr[j].load(ok ? row_head<T>(in.k, e[j].other, h) : nullptr, t, dvec);
+            vr[j].load(ok ? row_head<T>(in.v, e[j].other, h) : nullptr, t, vvec);
+            er[j].load(has_ef && ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
           }
         },
         [&](const GroupedEdge (&e)[B], int64_t i) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
             if (i + j >= end) break;
-            T* d_ef_row = d_ef != nullptr && in_range(e[j].edge, in.num_edges)
+            T* d_ef_row = d_ef != nullptr && e[j].edge >= 0
                               ? d_ef + (e[j].edge * heads + h) * in.dim
                               : nullptr;
-            if (!usable(e[j])) {  // an out-of-range source adds nothing
+            if (e[j].other < 0) {  // an out-of-range source adds nothing
               if (d_ef_row != nullptr) store_zero_row<T, VEC, NV>(d_ef_row, t, dvec);
               continue;
             }
@@ -101,15 +105,15 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
 
 // Team per (m, h) over the src grouping: k[m, h] and v[m, h] in registers, each outgoing edge's
 // q, grad_out (destination n) and edge_feat rows in flight, with lse and delta of (n, h).
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+// kHasEdgeFeat: whether edge_feat is present; without it er is never touched and takes no registers.
+template <typename T, int VEC, int NV, bool kHasEdgeFeat>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kHasEdgeFeat>)
 attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
   using A = accum_t<T>;
-  constexpr int B = kGradBatch<T, NV>;
+  constexpr int B = kSrcBatch<T, NV, kHasEdgeFeat>;
   const AttentionInputs& in = a.in;
   const Team t(group);
   const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
-  const bool has_ef = in.edge_feat.data != nullptr;
   const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
   const A scale = static_cast<A>(in.scale);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -131,37 +135,27 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
     dv.zero();
     RawRow<T, VEC, NV> qr[B], gr[B], er[B];
     A lse[B], delta[B];
-    auto usable = [&](const GroupedEdge& e) {
-      return e.other >= 0 && e.other < num_dst && in_range(e.edge, in.num_edges);
-    };
     walk_edges<B>(
-        a.src, t, begin, end,
+        a.src, in.num_edges, num_dst, t, begin, end,
         [&](const GroupedEdge (&e)[B]) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
-            if (!usable(e[j])) continue;
-            qr[j].load(row_head<T>(in.q, e[j].other, h), t, dvec);
-            gr[j].load(row_head<T>(a.grad_out, e[j].other, h), t, vvec);
-            if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
-            lse[j] = __ldg(lse_in + e[j].other * heads + h);
-            delta[j] = __ldg(delta_in + e[j].other * heads + h);
+            const bool ok = e[j].other >= 0;
+            qr[j].load(ok ? row_head<T>(in.q, e[j].other, h) : nullptr, t, dvec);
+            gr[j].load(ok ? row_head<T>(a.grad_out, e[j].other, h) : nullptr, t, vvec);
+            if constexpr (kHasEdgeFeat) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
+            lse[j] = ok ? __ldg(lse_in + e[j].other * heads + h) : A(0);
+            delta[j] = ok ? __ldg(delta_in + e[j].other * heads + h) : A(0);
           }
         },
         [&](const GroupedEdge (&e)[B], int64_t) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
-            if (!usable(e[j])) continue;  // past the end, or an out-of-range destination: adds nothing
-            LaneRow<T, VEC, NV> qx, gx;
-            // The forward's score: q widened, k + edge_feat widened element by element.
-#pragma unroll
-            for (int u = 0; u < NV; ++u)
-#pragma unroll
-              for (int c = 0; c < VEC; ++c) {
-                qx.x[u][c] = lane_has<NV>(t, dvec, u) ? to_accum(qr[j].x[u].v[c]) : A(0);
-                gx.x[u][c] = lane_has<NV>(t, vvec, u) ? to_accum(gr[j].x[u].v[c]) : A(0);
-              }
-            const A s = scaled_score(t.sum(lane_dot(qx, k, er[j], has_ef, t, dvec)), scale);
-            const A dp = t.sum(lane_dot(gx, v, er[j], has_ef, t, vvec));
+            if (e[j].other < 0) continue;  // past the end, or an out-of-range destination: adds nothing
+            // The forward's score: q widened, k + edge_feat widened element by element. Rows are
+            // widened where used (zeros where the lane holds no vector).
+            const A s = scaled_score(t.sum(lane_dot(qr[j], k, er[j], kHasEdgeFeat, t, dvec)), scale);
+            const A dp = t.sum(lane_dot(gr[j], v, er[j], kHasEdgeFeat, t, vvec));
             const A alpha = accurate_exp(s - lse[j]);
             const A w = keep_weight<A>(in.dropout, e[j].edge, h, heads);
             const A ds = alpha * (dp * w - delta[j]);
@@ -170,8 +164,8 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
             for (int u = 0; u < NV; ++u)
 #pragma unroll
               for (int c = 0; c < VEC; ++c) {
-                dk.x[u][c] = fma_accum(g, qx.x[u][c], dk.x[u][c]);
-                dv.x[u][c] = fma_accum(gv, gx.x[u][c], dv.x[u][c]);
+                dk.x[u][c] = fma_accum(g, qr[j].at(u, c), dk.x[u][c]);
+                dv.x[u][c] = fma_accum(gv, gr[j].at(u, c), dv.x[u][c]);
               }
           }
         });
@@ -192,14 +186,15 @@ bool backward_vectorizable(const AttentionBackwardArgs& a) {
                                    {a.dq, a.dk, a.dv, a.d_edge_feat});
 }
 
-// Calls launch(integral_constant VEC, integral_constant NV, group) for the arguments' team shape,
-// the same in both passes and in the forward.
+// Calls launch(integral_constant VEC, integral_constant NV, bool_constant per_edge, group) for the
+// arguments' team shape, the same in both passes and in the forward.
 template <typename T, typename F>
-void dispatch_backward(const AttentionBackwardArgs& a, F&& launch) {
+void dispatch_backward(const AttentionBackwardArgs& a, bool per_edge, F&& launch) {
   const bool vectorized = backward_vectorizable<T>(a);
   const int vec = vectorized ? wide_vec<T>() : 1;
   const TeamShape shape = attention_team((a.in.dim > a.in.dim_v ? a.in.dim : a.in.dim_v) / vec);
-  dispatch_attention<T>(vectorized, shape.per_lane, [&](auto v, auto nv) { launch(v, nv, shape.group); });
+  dispatch_attention<T>(vectorized, shape.per_lane, per_edge,
+                        [&](auto v, auto nv, auto pe) { launch(v, nv, pe, shape.group); });
 }
 
 }  // namespace
@@ -207,8 +202,9 @@ void dispatch_backward(const AttentionBackwardArgs& a, F&& launch) {
 void launch_attention_backward_dst(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
-    dispatch_backward<T>(a, [&](auto v, auto nv, int group) {
-      auto kernel = attention_backward_dst_kernel<T, decltype(v)::value, decltype(nv)::value>;
+    const bool per_edge = a.in.edge_feat.data != nullptr || a.d_edge_feat != nullptr;
+    dispatch_backward<T>(a, per_edge, [&](auto v, auto nv, auto pe, int group) {
+      auto kernel = attention_backward_dst_kernel<T, decltype(v)::value, decltype(nv)::value, decltype(pe)::value>;
       const int64_t threads =
           a.in.q.num_rows * a.in.heads * group + (a.d_edge_feat != nullptr ? a.in.num_edges : 0);
       if (threads == 0) return;
@@ -220,8 +216,8 @@ void launch_attention_backward_dst(const AttentionBackwardArgs& a, ScalarKind sc
 void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
-    dispatch_backward<T>(a, [&](auto v, auto nv, int group) {
-      auto kernel = attention_backward_src_kernel<T, decltype(v)::value, decltype(nv)::value>;
+    dispatch_backward<T>(a, a.in.edge_feat.data != nullptr, [&](auto v, auto nv, auto ef, int group) {
+      auto kernel = attention_backward_src_kernel<T, decltype(v)::value, decltype(nv)::value, decltype(ef)::value>;
       const int64_t threads = a.in.k.num_rows * a.in.heads * group;
       if (threads == 0) return;
       kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);

@@ -13,15 +13,15 @@ namespace {
 // second walk recomputes each score once lse is known. Edges whose destination is out of range lie
 // past offsets[num_dst]: their alpha is NaN.
 // Hub rows are walked by one team in sequence (one memory latency per batch of B edges).
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T>)
+// kHasEdgeFeat: whether edge_feat is present; without it er is never touched and takes no registers.
+template <typename T, int VEC, int NV, bool kHasEdgeFeat>
+__global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kHasEdgeFeat>)
 attention_forward_kernel(AttentionForwardArgs a, int group) {
   using A = accum_t<T>;
-  constexpr int B = kAttentionBatch<T, NV>;
+  constexpr int B = kAttentionBatch<T, NV, kHasEdgeFeat>;
   const AttentionInputs& in = a.in;
   const Team t(group);
   const int dvec = static_cast<int>(in.dim / VEC), vvec = static_cast<int>(in.dim_v / VEC);
-  const bool has_ef = in.edge_feat.data != nullptr;
   const int64_t num_dst = in.q.num_rows, num_src = in.k.num_rows, heads = in.heads;
   const A scale = static_cast<A>(in.scale);
   const A inf = static_cast<A>(INFINITY), nan = static_cast<A>(NAN);
@@ -31,40 +31,46 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
   A* lse_out = static_cast<A*>(a.lse);
   T* alpha = static_cast<T*>(a.alpha);
 
-  for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
-    const int64_t n = unit / heads, h = unit - n * heads;
-    const PositionRange range = row_positions(a.dst, n, in.num_edges);
-    const int64_t begin = range.begin, end = range.end;
-    LaneRow<T, VEC, NV> q, acc;
-    load_widened(q, row_head<T>(in.q, n, h), t, dvec);
+  // The unit (n, h) being walked: its head and q[n, h], and its batch's rows.
+  int64_t h = 0;
+  LaneRow<T, VEC, NV> q;
+  RawRow<T, VEC, NV> kr[B], vr[B], er[B];
+  // Calls f(unit, begin, end) for each unit of this team, with h and q set and [begin, end) the
+  // unit's sorted positions.
+  auto for_each_unit = [&](auto&& f) {
+    for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
+      const int64_t n = unit / heads;
+      h = unit - n * heads;
+      const PositionRange range = row_positions(a.dst, n, in.num_edges);
+      load_widened(q, row_head<T>(in.q, n, h), t, dvec);
+      f(unit, range.begin, range.end);
+    }
+  };
+  auto load_keys = [&](const GroupedEdge (&e)[B]) {
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const bool ok = e[j].other >= 0;
+      kr[j].load(ok ? row_head<T>(in.k, e[j].other, h) : nullptr, t, dvec);
+      if constexpr (kHasEdgeFeat) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
+    }
+  };
+  // Edge j's score; NaN when its rows do not exist.
+  auto score = [&](const GroupedEdge& e, int j) {
+    if (e.other < 0) return nan;
+    return scaled_score(t.sum(lane_dot(q, kr[j], er[j], kHasEdgeFeat, t, dvec)), scale);
+  };
+
+  for_each_unit([&](int64_t unit, int64_t begin, int64_t end) {
+    LaneRow<T, VEC, NV> acc;
     acc.zero();
     A m = -inf, l = 0;
     bool bad = false;
-    RawRow<T, VEC, NV> kr[B], vr[B], er[B];
-    // Whether the edge's rows exist (its source and id in range).
-    auto usable = [&](const GroupedEdge& e) {
-      return e.other >= 0 && e.other < num_src && in_range(e.edge, in.num_edges);
-    };
-    auto load_keys = [&](const GroupedEdge (&e)[B]) {
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        if (!usable(e[j])) continue;
-        kr[j].load(row_head<T>(in.k, e[j].other, h), t, dvec);
-        if (has_ef) er[j].load(row_head<T>(in.edge_feat, e[j].edge, h), t, dvec);
-      }
-    };
-    // Edge j's score; NaN when its rows do not exist.
-    auto score = [&](const GroupedEdge& e, int j) {
-      if (!usable(e)) return nan;
-      return scaled_score(t.sum(lane_dot(q, kr[j], er[j], has_ef, t, dvec)), scale);
-    };
     walk_edges<B>(
-        a.dst, t, begin, end,
+        a.dst, in.num_edges, num_src, t, begin, end,
         [&](const GroupedEdge (&e)[B]) {
           load_keys(e);
 #pragma unroll
-          for (int j = 0; j < B; ++j)
-            if (usable(e[j])) vr[j].load(row_head<T>(in.v, e[j].other, h), t, vvec);
+          for (int j = 0; j < B; ++j) vr[j].load(e[j].other >= 0 ? row_head<T>(in.v, e[j].other, h) : nullptr, t, vvec);
         },
         [&](const GroupedEdge (&e)[B], int64_t i) {
           A s[B];
@@ -85,10 +91,9 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
             if (!(s[j] > -inf)) continue;  // NaN, -inf, or past the end
             const A p = accurate_exp(s[j] - m);
             l += p;
-            add_scaled(acc, p * keep_weight<A>(in.dropout, e[j].edge, h, heads), vr[j], er[j], has_ef, t, vvec);
+            add_scaled(acc, p * keep_weight<A>(in.dropout, e[j].edge, h, heads), vr[j], er[j], kHasEdgeFeat, t, vvec);
           }
         });
-    const A lse = bad ? nan : l > 0 ? m + accurate_log(l) : -inf;
     T* out_row = out + unit * in.dim_v;
     if (bad) {
       store_row(out_row, t, vvec, nan, acc);
@@ -97,20 +102,26 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
     } else {
       store_zero_row<T, VEC, NV>(out_row, t, vvec);
     }
-    if (t.lane == 0) lse_out[unit] = lse;
-    if (alpha == nullptr) continue;
-    walk_edges<B>(a.dst, t, begin, end, load_keys, [&](const GroupedEdge (&e)[B], int64_t i) {
+    if (t.lane == 0) lse_out[unit] = bad ? nan : l > 0 ? m + accurate_log(l) : -inf;
+  });
+
+  if (alpha == nullptr) return;
+  // The second walk, in a loop of its own so that the first does not keep registers for it. The
+  // team visits the same units as above: its lane 0 stored their lse, which the sync makes visible
+  // to the team's other lanes.
+  __syncwarp(t.mask);
+  for_each_unit([&](int64_t unit, int64_t begin, int64_t end) {
+    const A lse = lse_out[unit];
+    walk_edges<B>(a.dst, in.num_edges, num_src, t, begin, end, load_keys, [&](const GroupedEdge (&e)[B], int64_t i) {
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         const A s = score(e[j], j);
-        if (i + j < end && t.lane == (j & (group - 1)) && in_range(e[j].edge, in.num_edges)) {
+        if (i + j < end && t.lane == (j & (group - 1)) && e[j].edge >= 0) {
           alpha[e[j].edge * heads + h] = from_accum<T>(accurate_exp(s - lse));
         }
       }
     });
-  }
-
-  if (alpha == nullptr) return;
+  });
   // Edges whose destination is out of range (only without index checks).
   const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
   for (int64_t x = thread; x < (in.num_edges - tail) * heads; x += threads) {
@@ -120,9 +131,9 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
   }
 }
 
-template <typename T, int VEC, int NV>
+template <typename T, int VEC, int NV, bool kHasEdgeFeat>
 void launch(const AttentionForwardArgs& a, int group, cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, VEC, NV>;
+  auto kernel = attention_forward_kernel<T, VEC, NV, kHasEdgeFeat>;
   const int64_t threads = a.in.q.num_rows * a.in.heads * group + (a.alpha != nullptr ? a.in.num_edges : 0);
   if (threads == 0) return;
   kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
@@ -138,8 +149,8 @@ void launch_attention_forward(const AttentionForwardArgs& a, ScalarKind scalar, 
         {{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim}}, {a.out});
     const int vec = vectorized ? wide_vec<T>() : 1;
     const TeamShape shape = attention_team((in.dim > in.dim_v ? in.dim : in.dim_v) / vec);
-    dispatch_attention<T>(vectorized, shape.per_lane, [&](auto v, auto nv) {
-      launch<T, decltype(v)::value, decltype(nv)::value>(a, shape.group, stream);
+    dispatch_attention<T>(vectorized, shape.per_lane, in.edge_feat.data != nullptr, [&](auto v, auto nv, auto ef) {
+      launch<T, decltype(v)::value, decltype(nv)::value, decltype(ef)::value>(a, shape.group, stream);
     });
   });
 }
