@@ -322,21 +322,23 @@ std::tuple<at::Tensor, bool> edge_order(const at::Tensor& row_idx, const at::Ten
 // edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
 // bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
 // instead of a dozen tensor operations. Never waits for the device.
-std::tuple<at::Tensor, at::Tensor> group_edges(const at::Tensor& row_idx, const at::Tensor& other_idx,
-                                               int64_t num_rows, int64_t num_other) {
+std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
+                                               int64_t num_other) {
+  // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
+  // shape into a failing check's message crashed the process (NOTES.md).
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  const IndexKind row_index = index_kind(row_idx, "row_idx");
-  const IndexKind other_index = index_kind(other_idx, "other_idx");
+  TORCH_CHECK_TYPE(is_index(row_idx), "edgedot: row_idx must be a 1-D int32 or int64 tensor");
+  TORCH_CHECK_TYPE(is_index(other_idx), "edgedot: other_idx must be a 1-D int32 or int64 tensor");
+  const IndexKind row_index = row_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+  const IndexKind other_index = other_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
   TORCH_CHECK_VALUE(row_idx.dim() == 1 && other_idx.dim() == 1 && row_idx.size(0) == other_idx.size(0),
-                    "edgedot: row_idx and other_idx must be 1-D of one length, got shapes ", row_idx.sizes(), " and ",
-                    other_idx.sizes());
+                    "edgedot: row_idx and other_idx must be 1-D of one length");
   TORCH_CHECK_VALUE(row_idx.is_cuda() && other_idx.device() == row_idx.device(),
-                    "edgedot: row_idx and other_idx must be on one CUDA device, got ", row_idx.device(), " and ",
-                    other_idx.device());
+                    "edgedot: row_idx and other_idx must be on one CUDA device");
   const int64_t num_edges = row_idx.size(0);
-  TORCH_CHECK_VALUE(num_edges < kMax32, "edgedot: group_edges takes fewer than 2**31 - 1 edges, got ", num_edges);
+  TORCH_CHECK_VALUE(num_edges < kMax32, "edgedot: group_edges takes fewer than 2**31 - 1 edges");
   TORCH_CHECK_VALUE(num_rows >= 0 && num_rows <= kMax32 && num_other >= 0 && num_other <= kMax32,
-                    "edgedot: num_rows and num_other must lie in [0, 2**31 - 1], got ", num_rows, " and ", num_other);
+                    "edgedot: num_rows and num_other must lie in [0, 2**31 - 1]");
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto options = row_idx.options();
