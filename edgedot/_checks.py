@@ -116,9 +116,9 @@ class TensorMemo:
 
 
 class InRangeIndices(TensorMemo):
-    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for the
-    CPU path; the CUDA extension keeps the same record itself (``InRangeMemo`` in
-    ``csrc/bindings.cpp``). The kernels never read out of range whatever this says: an index
+    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for
+    ``edge_dot``'s CPU path and for ``graph_attention``; ``edge_dot``'s CUDA forward keeps the same
+    record in the extension (``InRangeMemo`` in ``csrc/bindings.cpp``). The kernels never read out of range whatever this says: an index
     changed behind PyTorch's back yields NaN, not a crash."""
 
     def covers(self, idx, feat):
