@@ -47,14 +47,22 @@ def check_tensors(src_feat, dst_feat, src_idx, dst_idx):
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
 
 
+def check_feature(name, feat, rows="N"):
+    """Raises TypeError / ValueError naming ``name`` unless ``feat`` is a ``[rows, D]`` or
+    ``[rows, H, D]`` tensor of a feature dtype."""
+    if not isinstance(feat, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(feat).__name__}")
+    if feat.dim() not in (2, 3):
+        raise ValueError(f"{name} must be [{rows}, D] or [{rows}, H, D], got shape {tuple(feat.shape)}")
+    if feat.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {feat.dtype}")
+
+
 def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
     """Raises a clear error for any malformed argument of :func:`edgedot.edge_dot`."""
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     for name, feat in (("src_feat", src_feat), ("dst_feat", dst_feat)):
-        if feat.dim() not in (2, 3):
-            raise ValueError(f"{name} must be [N, D] or [N, H, D], got shape {tuple(feat.shape)}")
-        if feat.dtype not in FEATURE_DTYPES:
-            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {feat.dtype}")
+        check_feature(name, feat)
     if src_feat.dtype != dst_feat.dtype:
         raise TypeError(f"src_feat is {src_feat.dtype} but dst_feat is {dst_feat.dtype}; they must match")
     if src_feat.shape[-1] != dst_feat.shape[-1]:

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .._checks import FEATURE_DTYPES, check_index_range, check_indices_pair, heads_of, output_shape
+from .._checks import check_feature, check_index_range, check_indices_pair, heads_of, output_shape
 from ..functional import edge_dot
 from ..ops import edge_dot_grad_op
 from ..plan import build_side
@@ -212,12 +212,7 @@ class ShardedEdgeDot:
 
     def _check_shards(self, src_shard, dst_shard):
         for name, shard, side in (("src_shard", src_shard, self._src), ("dst_shard", dst_shard, self._dst)):
-            if not isinstance(shard, torch.Tensor):
-                raise TypeError(f"{name} must be a tensor, got {type(shard).__name__}")
-            if shard.dim() not in (2, 3):
-                raise ValueError(f"{name} must be [rows, D] or [rows, H, D], got shape {tuple(shard.shape)}")
-            if shard.dtype not in FEATURE_DTYPES:
-                raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {shard.dtype}")
+            check_feature(name, shard, rows="rows")
             if shard.device != self.device:
                 raise ValueError(f"{name} is on {shard.device} but the plan's edges are on {self.device}")
             if shard.shape[0] != side.rows:
