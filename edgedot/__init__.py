@@ -7,11 +7,11 @@ is the softmax attention over each node's incoming edges built on the same idea.
 """
 
 from . import nn, ops
-from .attention import graph_attention
+from .attention import graph_attention, index_to_ptr
 from .functional import edge_dot
 from .plan import EdgePlan
 from .reference import edge_dot_reference, graph_attention_reference
 
-__all__ = ["edge_dot", "graph_attention", "EdgePlan", "edge_dot_reference", "graph_attention_reference", "nn",
-           "ops"]
+__all__ = ["edge_dot", "graph_attention", "index_to_ptr", "EdgePlan", "edge_dot_reference",
+           "graph_attention_reference", "nn", "ops"]
 __version__ = "0.1.0"

@@ -7,7 +7,9 @@ autograd.
 Groupings (``edgedot.plan.build_side`` and ``group_offsets``) ride along as optional tensors:
 the CUDA kernels walk the edges grouped by destination (forward, ``dq``, ``d_edge_feat``) and by
 source (``dk``, ``dv``); an absent grouping is built by the implementation that needs it
-(:func:`build_grouping`: on CUDA one sort and one kernel of the extension). The
+(:func:`build_grouping`: on CUDA one sort and one kernel of the extension). Offsets without a
+grouping say the edges are already sorted by that side, the offsets being their CSR pointer
+(``graph_attention``'s ``dst_ptr``): the kernels then walk the edges as they are. The
 CPU implementation reads the indices as they are. The dropout seed is a 0-d int64 CPU tensor
 (None without dropout) so that ``torch.compile`` can trace its drawing.
 
@@ -35,7 +37,7 @@ _lib.define(
 _lib.define(
     "graph_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? edge_feat, Tensor out, "
     "Tensor lse, Tensor src_idx, Tensor dst_idx, Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, "
-    "Tensor? src_offsets, float scale, float dropout_p, Tensor? seed, bool edge_feat_grad) "
+    "Tensor? src_offsets, float scale, float dropout_p, Tensor? seed, bool edge_feat_grad, bool kv_grad) "
     "-> (Tensor, Tensor, Tensor, Tensor)")
 
 graph_attention_op = torch.ops.edgedot.graph_attention.default
@@ -133,9 +135,10 @@ def build_grouping(row_idx, other_idx, num_rows, num_other):
 
 
 def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
-    if group is None:
-        group, built = build_grouping(row_idx, other_idx, num_rows, num_other)
-        return group, built if offsets is None else offsets
+    """The grouping the CUDA kernels take: (group, offsets) as given when both are, (None, offsets)
+    for edges given sorted (offsets alone), else built here."""
+    if group is None and offsets is None:
+        return build_grouping(row_idx, other_idx, num_rows, num_other)
     if offsets is None:
         offsets = group_offsets(group, num_rows)
     return group, offsets
@@ -157,8 +160,8 @@ def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
     if check_indices:
         _check_ranges(q, k, src_idx, dst_idx)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, q.shape[0], k.shape[0])
-    return cuda_module().attention_forward(q, k, v, edge_feat, dst_group, dst_offsets, scale, dropout_p,
-                                           _seed(seed), return_attention)
+    return cuda_module().attention_forward(q, k, v, edge_feat, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
+                                           dst_offsets, scale, dropout_p, _seed(seed), return_attention)
 
 
 @torch.library.register_fake("edgedot::graph_attention")
@@ -174,30 +177,33 @@ def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CPU")
 def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                  src_offsets, scale, dropout_p, seed, edge_feat_grad):
+                  src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
-    return _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p,
-                                   _seed(seed), edge_feat_grad)
+    dq, dk, dv, d_edge_feat = _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
+                                                      dropout_p, _seed(seed), edge_feat_grad)
+    return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)
 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CUDA")
 def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                   src_offsets, scale, dropout_p, seed, edge_feat_grad):
+                   src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     num_dst, num_src = q.shape[0], k.shape[0]
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
-    src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
-    return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, dst_group, dst_offsets,
-                                            src_group, src_offsets, scale, dropout_p, _seed(seed),
-                                            edge_feat_grad)
+    if kv_grad:  # the grouping by source serves dk and dv alone
+        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, src_idx.contiguous(),
+                                            dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
+                                            scale, dropout_p, _seed(seed), edge_feat_grad, kv_grad)
 
 
 @torch.library.register_fake("edgedot::graph_attention_backward")
 def _backward_fake(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                   src_offsets, scale, dropout_p, seed, edge_feat_grad):
+                   src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     d_edge_feat = q.new_empty((src_idx.shape[0], q.shape[1], q.shape[2]) if edge_feat_grad else (0,))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_edge_feat
+    dk, dv = (k.new_empty(k.shape), v.new_empty(v.shape)) if kv_grad else (k.new_empty(0), v.new_empty(0))
+    return q.new_empty(q.shape), dk, dv, d_edge_feat
 
 
 # Positions of the forward op's arguments.
@@ -224,7 +230,7 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha):
     needs = ctx.needs_input_grad
     dq, dk, dv, d_edge_feat = graph_attention_backward_op(
         grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-        src_offsets, ctx.scale, ctx.dropout_p, seed, bool(needs[_EDGE_FEAT]))
+        src_offsets, ctx.scale, ctx.dropout_p, seed, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
     return (dq if needs[_Q] else None, dk if needs[_K] else None, dv if needs[_V] else None,
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 

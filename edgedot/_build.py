@@ -13,8 +13,8 @@ import torch
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ["bindings.cpp", "kernelbench.cpp", "launch.cu", "forward.cu", "index_cast.cu", "backward_atomic.cu",
-           "backward_sorted.cu", "sort_by_row.cu", "group_edges.cu", "edge_order.cu", "attention_forward.cu",
-           "attention_backward.cu"]
+           "backward_sorted.cu", "sort_by_row.cu", "group_edges.cu", "edge_order.cu", "attention_schedule.cu",
+           "attention_forward.cu", "attention_backward.cu", "attention_merge.cu"]
 
 _lock = threading.Lock()
 _module = None

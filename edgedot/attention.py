@@ -8,13 +8,14 @@ import torch
 
 from . import _cpu_attention
 from ._attention_ops import build_grouping, check_inputs, graph_attention_op
+from ._grouped import check_dst_ptr, index_to_ptr
 from .plan import EdgePlan
 
-__all__ = ["graph_attention", "dropout_keep", "draw_seed"]
+__all__ = ["graph_attention", "dropout_keep", "draw_seed", "index_to_ptr"]
 
 
 def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dropout_p=0.0, generator=None,
-                    plan=None, deterministic=None, check_indices=True, return_attention=False):
+                    plan=None, dst_ptr=None, deterministic=None, check_indices=True, return_attention=False):
     """Multi-head softmax attention over the edges of a graph (PyG's ``TransformerConv``).
 
     For each edge ``e`` from ``s = src_idx[e]`` to ``n = dst_idx[e]`` and head ``h``::
@@ -23,8 +24,10 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         alpha[e, h] = softmax of score[:, h] over the edges into n
         out[n, h]   = sum over edges e into n of alpha[e, h] * (v[s, h] + edge_feat[e, h])
 
-    A node without incoming edges gets zeros. The softmax keeps a running maximum, so logits of
-    any size are safe. The backward recomputes the scores from a per-node log-sum-exp
+    A node without incoming edges gets zeros; a node whose incoming edges all score ``-inf`` (or
+    one NaN) gets NaN, as ``torch.softmax`` does. The softmax keeps a running maximum, so logits of
+    any size are safe. Nodes of any in-degree are fast: the edges of a hub are split into chunks
+    walked in parallel, whose partial softmaxes are merged in a fixed order (reproducible). The backward recomputes the scores from a per-node log-sum-exp
     (FlashAttention-style): besides the output, only ``O(N * H)`` floats and the ``O(E)``
     integer groupings of the edges are kept for it.
 
@@ -50,6 +53,14 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         plan: an :class:`edgedot.EdgePlan` of this graph (``EdgePlan(src_idx, dst_idx, Ns,
             Nd)``): the edges' groupings by destination and by source are then built once
             instead of in every call.
+        dst_ptr: for edges already sorted by destination (a CSC adjacency, PyG's ``NeighborLoader``
+            output, a DGL block): int32/int64 ``[Nd + 1]`` CSR pointer, the edges into node ``n``
+            being ``dst_ptr[n]`` to ``dst_ptr[n + 1] - 1`` (:func:`index_to_ptr` makes it from a
+            sorted ``dst_idx``). The forward then needs no sort, and the backward sorts only by
+            source, only when ``k`` or ``v`` needs a gradient. With ``check_indices`` it is
+            checked against ``dst_idx`` (``ValueError`` naming ``dst_ptr``); without, a pointer
+            that disagrees with ``dst_idx`` makes the destinations concerned NaN. Not together
+            with ``plan``.
         deterministic: accepted for symmetry with :func:`edgedot.edge_dot`. Every path is
             bitwise reproducible already (no float atomics), with or without a plan.
         check_indices: raise ``IndexError`` naming the index tensor if an index is out of range.
@@ -67,11 +78,17 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     scale = _check_options(q, scale, dropout_p, generator, plan, deterministic, check_indices, return_attention)
     if plan is not None:
         plan.check_matches(k, q, src_idx)
+    if dst_ptr is not None:
+        if plan is not None:
+            raise ValueError("pass either plan or dst_ptr, not both")
+        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, q.shape[0], validate=check_indices or not q.is_cuda)
     seed = draw_seed(generator) if dropout_p > 0 else None
     dst_group = dst_offsets = src_group = src_offsets = None
     if plan is not None and q.is_cuda:
         dst_group, dst_offsets = plan.dst, plan.offsets("dst")
         src_group, src_offsets = plan.src, plan.offsets("src")
+    elif dst_ptr is not None:
+        dst_offsets = dst_ptr  # the edges as they are: no grouping to build
     elif q.is_cuda:
         # Built here, so that the backward reuses it (the source grouping is built there).
         dst_group, dst_offsets = build_grouping(dst_idx, src_idx, q.shape[0], k.shape[0])

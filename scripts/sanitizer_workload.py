@@ -77,25 +77,35 @@ for dt, H, D in [(torch.float32, 1, 64), (torch.bfloat16, 1, 128), (torch.float3
     forwards(s, d, si, di, [(si, slice(None, None, 997), 3000), (di, slice(5, None, 1009), -1)])
 
 
-def attention_calls(q, k, v, ef, src, dst, p, return_attention):
+def attention_calls(q, k, v, ef, src, dst, p, return_attention, grouped=False):
     """Graph attention forward and backward through the extension, with groupings of src / dst
-    (out-of-range indices included: build_side maps them past the rows or to -1)."""
+    (out-of-range indices included: build_side maps them past the rows or to -1); grouped: dst
+    sorted and given as its CSR pointer instead of a grouping."""
     import edgedot.plan
     ext = edgedot._build.cuda_module()
     num_dst, num_src = q.shape[0], k.shape[0]
+    if grouped:
+        dst, order = torch.sort(dst, stable=True)
+        src = src[order].contiguous()
+        ef = None if ef is None else ef[order]
     groups = []
     for rows, other, num_rows, num_other in ((dst, src, num_dst, num_src), (src, dst, num_src, num_dst)):
         group = edgedot.plan.build_side(rows, other, num_rows, num_other)
         keys = group[group.shape[0] // 2:] >> 32
         groups += [group, torch.searchsorted(keys, torch.arange(num_rows + 1, device=dev))]
-    out, lse, alpha = ext.attention_forward(q, k, v, ef, groups[0], groups[1], 0.3, p, 11, return_attention)
-    ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, *groups, 0.3, p, 11, ef is not None)
+    if grouped:
+        groups[0] = None
+    out, lse, alpha = ext.attention_forward(q, k, v, ef, src, dst, groups[0], groups[1], 0.3, p, 11, return_attention)
+    ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, src, dst, *groups, 0.3, p, 11,
+                           ef is not None, True)
 
 
 # Graph attention: every dtype; 16-byte rows with 1, 2 or 4 vectors per lane and single-element rows
 # (odd dims, a misaligned stride) with up to 8; value dims unlike the key dims; edge features,
 # dropout and attention weights on and off; destinations and sources without edges; one
-# out-of-range source and one out-of-range destination.
+# out-of-range source and one out-of-range destination; a destination hub and a source hub of
+# 3000 edges, split into chunks merged by a block, and rows of a few chunks merged by a warp; edges
+# given sorted by destination.
 for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     for D, Dv, misaligned in [(32, 32, False), (64, 64, False), (256, 256, False), (3, 5, False), (40, 40, True),
                               (100, 100, True), (256, 256, True), (8, 24, False)]:
@@ -110,5 +120,15 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
         ef = torch.randn(E, H, D, device=dev, dtype=dt) if D == Dv else None
         attention_calls(q, k, v, ef, src, dst, 0.3, True)
         attention_calls(q, k, v, None, src, dst, 0.0, False)
+    H, D, num_src, num_dst, E = 2, 32, 700, 500, 12000
+    q, k, v = (torch.randn(n, H, D, device=dev, dtype=dt) for n in (num_dst, num_src, num_src))
+    src = torch.randint(0, num_src, (E,), device=dev)
+    dst = torch.randint(0, num_dst, (E,), device=dev)
+    dst[:3000] = 7
+    src[5000:8000] = 11
+    dst[8000:8900] = 9
+    ef = torch.randn(E, H, D, device=dev, dtype=dt)
+    attention_calls(q, k, v, ef, src, dst, 0.2, True)
+    attention_calls(q, k, v, None, src, dst, 0.0, True, grouped=True)
 torch.cuda.synchronize()
 print("sanitize workload done")

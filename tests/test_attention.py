@@ -362,9 +362,9 @@ def test_opcheck_backward(device):
     q, k, v, ef, src, dst = args[:6]
     out, lse, _ = (t.detach() for t in OP(*args))
     grad_out = torch.randn_like(out)
-    for edge_feat_grad in (False, True):
+    for edge_feat_grad, kv_grad in ((False, True), (True, True), (False, False)):
         torch.library.opcheck(BACKWARD_OP, (grad_out, q.detach(), k.detach(), v.detach(), ef, out, lse, src, dst,
-                                            *args[6:12], args[12], edge_feat_grad))
+                                            *args[6:12], args[12], edge_feat_grad, kv_grad))
 
 
 def _loss(q, k, v, src, dst, ef, plan, dropout_p):
@@ -414,13 +414,15 @@ class _ExtensionOnCPU:
         want = torch.tensor([int((rows < r).sum()) for r in range(self.rows[side] + 1)])
         assert offsets.dtype == torch.int64 and torch.equal(offsets, want), side
 
-    def attention_forward(self, q, k, v, ef, dst_group, dst_offsets, scale, p, seed, return_attention):
+    def attention_forward(self, q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, seed, return_attention):
+        assert torch.equal(src, self.src) and torch.equal(dst, self.dst)
         self._check("dst", dst_group, dst_offsets)
         assert isinstance(seed, int) and isinstance(scale, float)
         return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, seed, return_attention)
 
-    def attention_backward(self, grad_out, q, k, v, ef, out, lse, dst_group, dst_offsets, src_group, src_offsets,
-                           scale, p, seed, edge_feat_grad):
+    def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
+                           src_offsets, scale, p, seed, edge_feat_grad, kv_grad):
+        assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and kv_grad
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
         return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, seed,
@@ -446,8 +448,9 @@ def test_cuda_implementation_wiring(monkeypatch, use_plan):
     for a, b in zip((out, lse, alpha), want):
         assert torch.equal(a, b)
     grad_out = torch.randn_like(out)
-    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, seed, True)
-    want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, seed, True)
+    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, seed, True,
+                                        True)
+    want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, seed, True, True)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

@@ -108,12 +108,12 @@ def run(q, k, v, ef, src, dst, scale, p=0.0, seed=0, return_attention=True, edge
     num_dst, num_src = q.shape[0], k.shape[0]
     dst_group, dst_offsets = groups[0] if groups else grouping(dst, src, num_dst, num_src)
     src_group, src_offsets = groups[1] if groups else grouping(src, dst, num_src, num_dst)
-    fwd = ext.attention_forward(q, k, v, ef, dst_group, dst_offsets, scale, p, seed, return_attention)
+    fwd = ext.attention_forward(q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, seed, return_attention)
     if grad_out is None:
         return fwd, None
     edge_feat_grad = ef is not None if edge_feat_grad is None else edge_feat_grad
-    bwd = ext.attention_backward(grad_out, q, k, v, ef, fwd[0], fwd[1], dst_group, dst_offsets, src_group,
-                                 src_offsets, scale, p, seed, edge_feat_grad)
+    bwd = ext.attention_backward(grad_out, q, k, v, ef, fwd[0], fwd[1], src, dst, dst_group, dst_offsets, src_group,
+                                 src_offsets, scale, p, seed, edge_feat_grad, True)
     return fwd, bwd
 
 

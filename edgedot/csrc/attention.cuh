@@ -324,15 +324,27 @@ __device__ __forceinline__ const T* row_head(const Rows& r, int64_t n, int64_t h
   return static_cast<const T*>(r.data) + n * r.row_stride + h * r.head_stride;
 }
 
-// Sorted position i of a grouping: its edge id (-1 when out of range) and other row (-1 when out of
-// range or when the edge id is, so that other >= 0 says the edge's rows exist). Edge ids lie below
+// An index of either kind, widened.
+__device__ __forceinline__ int64_t load_index(const void* idx, IndexKind kind, int64_t i) {
+  return kind == IndexKind::i32 ? static_cast<int64_t>(__ldg(static_cast<const int32_t*>(idx) + i))
+                                : static_cast<int64_t>(__ldg(reinterpret_cast<const long long*>(idx) + i));
+}
+
+// Sorted position i of row `row` of a grouping: its edge id (-1 when out of range) and other row (-1
+// when out of range, when the edge id is, or, for edges given grouped, when the edge's own row is
+// not `row`; so other >= 0 says the edge's rows exist and belong here). Edge ids lie below
 // num_edges < 2**31: both fit 32 bits, which halves the registers of a batch's positions.
 struct GroupedEdge {
   int32_t other, edge;
 };
 
 __device__ __forceinline__ GroupedEdge grouped_edge(const AttentionGrouping& g, int64_t i, int64_t num_edges,
-                                                    int64_t num_other) {
+                                                    int64_t num_other, int64_t row) {
+  if (g.order == nullptr) {  // edges given grouped: position i is edge i
+    const int64_t other = load_index(g.other_idx, g.other_index, i);
+    const bool ok = in_range(other, num_other) && load_index(g.row_idx, g.row_index, i) == row;
+    return {ok ? static_cast<int32_t>(other) : -1, static_cast<int32_t>(i)};
+  }
   const int64_t edge = __ldg(reinterpret_cast<const long long*>(g.order + i));
   const uint64_t row_other = __ldg(reinterpret_cast<const unsigned long long*>(g.row_other + i));
   const int32_t other = static_cast<int32_t>(static_cast<uint32_t>(row_other));
@@ -346,40 +358,133 @@ struct PositionRange {
   int64_t begin, end;
 };
 
-__device__ __forceinline__ int64_t clamp_position(int64_t i, int64_t num_edges) {
+__host__ __device__ __forceinline__ int64_t clamp_position(int64_t i, int64_t num_edges) {
   return i < 0 ? 0 : (i > num_edges ? num_edges : i);
 }
 
-__device__ __forceinline__ PositionRange row_positions(const AttentionGrouping& g, int64_t r, int64_t num_edges) {
-  const int64_t begin = clamp_position(g.offsets[r], num_edges);
-  const int64_t end = clamp_position(g.offsets[r + 1], num_edges);
+__host__ __device__ __forceinline__ PositionRange clamped_positions(int64_t begin, int64_t end, int64_t num_edges) {
+  begin = clamp_position(begin, num_edges);
+  end = clamp_position(end, num_edges);
   return {begin, end > begin ? end : begin};
 }
 
-// Walks sorted positions [begin, end) of a grouping of num_edges edges between its rows and
-// num_other other rows, in batches of B edges. For each batch, load(edges) issues the loads of the
+__device__ __forceinline__ PositionRange row_positions(const AttentionGrouping& g, int64_t r, int64_t num_edges) {
+  return clamped_positions(g.offsets[r], g.offsets[r + 1], num_edges);
+}
+
+// Whether a row of `edges` edges is split into chunks (the schedule and the kernels agree on it).
+__host__ __device__ __forceinline__ bool is_long_row(int64_t edges, int64_t chunk) { return edges > chunk; }
+
+// A team's unit of work: head h of row `row` over sorted positions [begin, end): the whole row
+// (slot -1), or chunk `slot` of a long row, whose result is partial. bad: the grouping given for
+// this row is not a valid CSR pointer (edges given grouped only). lead: the unit that writes the
+// row's per-row values (the whole row, or a long row's first chunk).
+// Positions, rows, heads and slots fit 32 bits (num_edges < 2**31 - 1): fewer registers live
+// through the walk.
+struct WorkUnit {
+  int32_t begin, end, row, head, slot;
+  bool bad, lead;
+};
+
+// The long row a slot belongs to: the last r with first_chunk[r] <= slot.
+__device__ __forceinline__ int64_t slot_row(const RowChunks& c, int64_t slot, int64_t num_rows) {
+  int64_t lo = 0, hi = num_rows;  // first_chunk[lo] <= slot < first_chunk[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (c.first_chunk[mid] <= slot) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// Calls f(WorkUnit) for the units of team `team` of `teams`: every (row, head) of a row that is not
+// long, then every (chunk, head) of the long rows. Teams of a warp take adjacent units: the heads
+// of one row, which have equal lengths.
+template <typename F>
+__device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const RowChunks& c, int64_t num_rows,
+                                              int64_t heads, int64_t num_edges, int64_t team, int64_t teams, F&& f) {
+  const int64_t slots = c.first_chunk != nullptr ? c.first_chunk[num_rows] : 0;
+  // Edges given grouped: the pointer must start at 0, end at num_edges and never decrease.
+  const bool partition = g.order != nullptr || (g.offsets[0] == 0 && g.offsets[num_rows] == num_edges);
+  for (int64_t u = team; u < (num_rows + slots) * heads; u += teams) {
+    const int64_t item = u / heads;
+    WorkUnit w;
+    w.head = static_cast<int32_t>(u - item * heads);
+    if (item < num_rows) {
+      w.row = static_cast<int32_t>(item);
+      w.slot = -1;
+      const PositionRange range = row_positions(g, w.row, num_edges);
+      if (c.first_chunk != nullptr && is_long_row(range.end - range.begin, c.chunk)) continue;
+      w.begin = static_cast<int32_t>(range.begin);
+      w.end = static_cast<int32_t>(range.end);
+      w.lead = true;
+    } else {
+      if (item - num_rows >= c.max_slots) break;  // never: the schedule keeps within max_slots
+      w.slot = static_cast<int32_t>(item - num_rows);
+      w.row = static_cast<int32_t>(slot_row(c, w.slot, num_rows));
+      const PositionRange range = row_positions(g, w.row, num_edges);
+      const int64_t begin = range.begin + (w.slot - c.first_chunk[w.row]) * c.chunk;
+      w.begin = static_cast<int32_t>(begin);
+      w.end = static_cast<int32_t>(begin + c.chunk < range.end ? begin + c.chunk : range.end);
+      w.lead = begin == range.begin;
+    }
+    w.bad = !partition || (g.order == nullptr && g.offsets[w.row + 1] < g.offsets[w.row]);
+    f(w);
+  }
+}
+
+// Walks sorted positions [begin, end) of row `row` of a grouping of num_edges edges between its rows
+// and num_other other rows, in batches of B edges. For each batch, load(edges) issues the loads of the
 // edges' rows, then the next batch's positions are loaded (so that they arrive while this batch's
 // rows are in flight), then use(edges, i) computes. Positions past end come as {-1, -1}. Lane j < B
 // of the team loads position i + j (one coalesced load, one position a lane in registers) and
 // Team::from hands it to the team (which has at least kAttentionMinTeam >= B lanes).
 template <int B, typename Load, typename Use>
 __device__ __forceinline__ void walk_edges(const AttentionGrouping& g, int64_t num_edges, int64_t num_other,
-                                           const Team& t, int64_t begin, int64_t end, Load&& load, Use&& use) {
+                                           const Team& t, int32_t row, int32_t begin, int32_t end, Load&& load,
+                                           Use&& use) {
   static_assert(B <= kAttentionMinTeam, "a lane of the team per edge of a batch");
   GroupedEdge next{-1, -1};
-  auto fetch = [&](int64_t i) {
-    next = t.lane < B && i + t.lane < end ? grouped_edge(g, i + t.lane, num_edges, num_other) : GroupedEdge{-1, -1};
+  // Positions lie below num_edges < 2**31 - 1; differences keep the comparisons from overflowing.
+  auto fetch = [&](int32_t i) {
+    next = t.lane < B && t.lane < end - i ? grouped_edge(g, i + t.lane, num_edges, num_other, row)
+                                          : GroupedEdge{-1, -1};
   };
   if (begin < end) fetch(begin);
-  for (int64_t i = begin; i < end; i += B) {
+  for (int32_t i = begin; i < end; i += B) {
     GroupedEdge e[B];
 #pragma unroll
     for (int j = 0; j < B; ++j) e[j] = {t.from(next.other, j), t.from(next.edge, j)};
     load(e);
-    if (i + B < end) fetch(i + B);
+    if (end - i > B) fetch(i + B);
     use(e, i);
+    if (end - i <= B) break;  // i + B would pass end (and could pass 2**31 - 1)
   }
 }
+
+// Stores a lane's part of an accumulation-type row (a chunk's partial result).
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void store_partial(accum_t<T>* row, const Team& t, int vectors,
+                                              const LaneRow<T, VEC, NV>& x) {
+  using A = accum_t<T>;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    if (!lane_has<NV>(t, vectors, u)) continue;
+    Vec<A, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = x.x[u][j];
+    *reinterpret_cast<Vec<A, VEC>*>(row + (t.lane + u * t.group) * VEC) = out;
+  }
+}
+
+// The merges of long rows' partials (csrc/attention_merge.cu), after the kernel that wrote them:
+// softmax: part [slots, heads, dim] unnormalised outputs and part_ml [slots, heads, 2] their (max,
+// sum), into out [rows, heads, dim] and lse [rows, heads]; sum: part summed into out.
+template <typename T>
+void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
+                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream);
+template <typename T>
+void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
+                      cudaStream_t stream);
 
 // Whether every row the kernels read or write can move as 16-byte vectors of T.
 template <typename T>

@@ -2,6 +2,8 @@
 // writing every row it owns once, without atomics, so gradients are bitwise reproducible.
 //   dst pass: team per (n, h) over the dst grouping: delta[n, h], dq[n, h], d_edge_feat per edge;
 //   src pass: team per (m, h) over the src grouping: dk[m, h], dv[m, h], reading delta.
+// Long rows are walked in chunks whose partial gradients a merge sums in chunk order
+// (csrc/attention_merge.cu).
 // Scores are recomputed exactly as the forward computes them (same team shape, same order of
 // operations), so alpha = exp(score - lse) matches the forward's softmax.
 #include "attention.cuh"
@@ -21,8 +23,10 @@ template <typename T, int NV, bool kHasEdgeFeat>
 constexpr int kSrcBatch = kHasEdgeFeat ? kDstBatch<T, NV, true> : std::max(1, kDstBatch<T, NV, false> - 1);
 
 // Per edge: ds = alpha * (dp * w - delta), with w = keep / (1 - p) (keep_weight), alpha' = alpha * w.
-// kPerEdge: whether edge_feat is present or d_edge_feat wanted; without either (the common case),
-// the per-edge rows and stores are compiled out and take no registers.
+// An edge whose alpha is exactly 0 (a -inf score) adds nothing, so gradients stay finite wherever
+// the forward is. kPerEdge: whether edge_feat is present or d_edge_feat wanted; without either (the
+// common case), the per-edge rows and stores are compiled out and take no registers.
+// Units as in the forward (for_each_unit): a chunk of a long row writes its part of dq to its slot.
 template <typename T, int VEC, int NV, bool kPerEdge>
 __global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kPerEdge>)
 attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
@@ -41,10 +45,9 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
   T* dq_out = static_cast<T*>(a.dq);
   T* d_ef = kPerEdge ? static_cast<T*>(a.d_edge_feat) : nullptr;
 
-  for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
-    const int64_t n = unit / heads, h = unit - n * heads;
-    const PositionRange range = row_positions(a.dst, n, in.num_edges);
-    const int64_t begin = range.begin, end = range.end;
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    const int64_t n = w.row, h = w.head, unit = n * heads + h;
     LaneRow<T, VEC, NV> q, dout, dq;
     load_widened(q, row_head<T>(in.q, n, h), t, dvec);
     load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
@@ -54,12 +57,12 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
       load_widened(out, row_head<T>(a.out, n, h), t, vvec);
       delta = t.sum(lane_dot(dout, out));
     }
-    if (t.lane == 0) delta_out[unit] = delta;
+    if (w.lead && t.lane == 0) delta_out[unit] = delta;
     const A lse = lse_in[unit];
     dq.zero();
     RawRow<T, VEC, NV> kr[B], vr[B], er[B];
     walk_edges<B>(
-        a.dst, in.num_edges, num_src, t, begin, end,
+        a.dst, in.num_edges, num_src, t, n, w.begin, w.end,
         [&](const GroupedEdge (&e)[B]) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
@@ -72,27 +75,32 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
         [&](const GroupedEdge (&e)[B], int64_t i) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
-            if (i + j >= end) break;
+            if (i + j >= w.end) break;
             T* d_ef_row = d_ef != nullptr && e[j].edge >= 0
                               ? d_ef + (e[j].edge * heads + h) * in.dim
                               : nullptr;
-            if (e[j].other < 0) {  // an out-of-range source adds nothing
+            const A s = e[j].other >= 0 ? scaled_score(t.sum(lane_dot(q, kr[j], er[j], has_ef, t, dvec)), scale)
+                                        : A(0);
+            const A alpha = accurate_exp(s - lse);
+            if (e[j].other < 0 || alpha == A(0)) {  // an out-of-range source or a -inf score adds nothing
               if (d_ef_row != nullptr) store_zero_row<T, VEC, NV>(d_ef_row, t, dvec);
               continue;
             }
-            const A s = scaled_score(t.sum(lane_dot(q, kr[j], er[j], has_ef, t, dvec)), scale);
             const A dp = t.sum(lane_dot(dout, vr[j], er[j], has_ef, t, vvec));
-            const A alpha = accurate_exp(s - lse);
-            const A w = keep_weight<A>(in.dropout, e[j].edge, h, heads);
-            const A ds = alpha * (dp * w - delta);
+            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A ds = alpha * (dp * w8 - delta);
             add_scaled(dq, scale * ds, kr[j], er[j], has_ef, t, dvec);
-            if (d_ef_row != nullptr) store_combination(d_ef_row, t, dvec, scale * ds, q, alpha * w, dout, true);
+            if (d_ef_row != nullptr) store_combination(d_ef_row, t, dvec, scale * ds, q, alpha * w8, dout, true);
           }
         });
-    store_row(dq_out + unit * in.dim, t, dvec, A(1), dq);
-  }
+    if (w.slot >= 0) {
+      store_partial(static_cast<A*>(a.part_dq) + (int64_t{w.slot} * heads + h) * in.dim, t, dvec, dq);
+    } else {
+      store_row(dq_out + unit * in.dim, t, dvec, A(1), dq);
+    }
+  });
 
-  if (d_ef == nullptr) return;
+  if (d_ef == nullptr || a.dst.order == nullptr) return;  // edges given grouped all lie in some row
   // Edges whose destination is out of range (only without index checks) add nothing.
   const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
   const int64_t row_elems = heads * in.dim;
@@ -103,8 +111,9 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
   }
 }
 
-// Team per (m, h) over the src grouping: k[m, h] and v[m, h] in registers, each outgoing edge's
-// q, grad_out (destination n) and edge_feat rows in flight, with lse and delta of (n, h).
+// Team per unit (m, h) of the src grouping: k[m, h] and v[m, h] in registers, each outgoing edge's
+// q, grad_out (destination n) and edge_feat rows in flight, with lse and delta of (n, h). A chunk of
+// a long row writes its parts of dk and dv to its slot.
 // kHasEdgeFeat: whether edge_feat is present; without it er is never touched and takes no registers.
 template <typename T, int VEC, int NV, bool kHasEdgeFeat>
 __global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kHasEdgeFeat>)
@@ -123,10 +132,9 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
   T* dk_out = static_cast<T*>(a.dk);
   T* dv_out = static_cast<T*>(a.dv);
 
-  for (int64_t unit = thread / group; unit < num_src * heads; unit += threads / group) {
-    const int64_t m = unit / heads, h = unit - m * heads;
-    const PositionRange range = row_positions(a.src, m, in.num_edges);
-    const int64_t begin = range.begin, end = range.end;
+  for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    const int64_t m = w.row, h = w.head, unit = m * heads + h;
     RawRow<T, VEC, NV> k, v;
     k.load(row_head<T>(in.k, m, h), t, dvec);
     v.load(row_head<T>(in.v, m, h), t, vvec);
@@ -136,7 +144,7 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
     RawRow<T, VEC, NV> qr[B], gr[B], er[B];
     A lse[B], delta[B];
     walk_edges<B>(
-        a.src, in.num_edges, num_dst, t, begin, end,
+        a.src, in.num_edges, num_dst, t, m, w.begin, w.end,
         [&](const GroupedEdge (&e)[B]) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
@@ -155,11 +163,12 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
             // The forward's score: q widened, k + edge_feat widened element by element. Rows are
             // widened where used (zeros where the lane holds no vector).
             const A s = scaled_score(t.sum(lane_dot(qr[j], k, er[j], kHasEdgeFeat, t, dvec)), scale);
-            const A dp = t.sum(lane_dot(gr[j], v, er[j], kHasEdgeFeat, t, vvec));
             const A alpha = accurate_exp(s - lse[j]);
-            const A w = keep_weight<A>(in.dropout, e[j].edge, h, heads);
-            const A ds = alpha * (dp * w - delta[j]);
-            const A g = scale * ds, gv = alpha * w;
+            if (alpha == A(0)) continue;  // a -inf score adds nothing
+            const A dp = t.sum(lane_dot(gr[j], v, er[j], kHasEdgeFeat, t, vvec));
+            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A ds = alpha * (dp * w8 - delta[j]);
+            const A g = scale * ds, gv = alpha * w8;
 #pragma unroll
             for (int u = 0; u < NV; ++u)
 #pragma unroll
@@ -169,9 +178,15 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
               }
           }
         });
-    store_row(dk_out + unit * in.dim, t, dvec, A(1), dk);
-    store_row(dv_out + unit * in.dim_v, t, vvec, A(1), dv);
-  }
+    if (w.slot >= 0) {
+      const int64_t part = int64_t{w.slot} * heads + h;
+      store_partial(static_cast<A*>(a.part_dk) + part * in.dim, t, dvec, dk);
+      store_partial(static_cast<A*>(a.part_dv) + part * in.dim_v, t, vvec, dv);
+    } else {
+      store_row(dk_out + unit * in.dim, t, dvec, A(1), dk);
+      store_row(dv_out + unit * in.dim_v, t, vvec, A(1), dv);
+    }
+  });
 }
 
 template <typename T>
@@ -205,11 +220,15 @@ void launch_attention_backward_dst(const AttentionBackwardArgs& a, ScalarKind sc
     const bool per_edge = a.in.edge_feat.data != nullptr || a.d_edge_feat != nullptr;
     dispatch_backward<T>(a, per_edge, [&](auto v, auto nv, auto pe, int group) {
       auto kernel = attention_backward_dst_kernel<T, decltype(v)::value, decltype(nv)::value, decltype(pe)::value>;
-      const int64_t threads =
-          a.in.q.num_rows * a.in.heads * group + (a.d_edge_feat != nullptr ? a.in.num_edges : 0);
+      const int64_t threads = (a.in.q.num_rows + a.dst_chunks.max_slots) * a.in.heads * group +
+                              (a.d_edge_feat != nullptr ? a.in.num_edges : 0);
       if (threads == 0) return;
       kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
     });
+    if (a.dst_chunks.first_chunk != nullptr) {
+      launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq),
+                          static_cast<T*>(a.dq), stream);
+    }
   });
 }
 
@@ -218,10 +237,16 @@ void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind sc
     using T = decltype(zero);
     dispatch_backward<T>(a, a.in.edge_feat.data != nullptr, [&](auto v, auto nv, auto ef, int group) {
       auto kernel = attention_backward_src_kernel<T, decltype(v)::value, decltype(nv)::value, decltype(ef)::value>;
-      const int64_t threads = a.in.k.num_rows * a.in.heads * group;
+      const int64_t threads = (a.in.k.num_rows + a.src_chunks.max_slots) * a.in.heads * group;
       if (threads == 0) return;
       kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
     });
+    if (a.src_chunks.first_chunk != nullptr) {
+      launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk),
+                          static_cast<T*>(a.dk), stream);
+      launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv),
+                          static_cast<T*>(a.dv), stream);
+    }
   });
 }
 

@@ -1,22 +1,25 @@
 // Graph attention forward: one team of lanes per (destination, head) walks the destination's
-// incoming edges with an online softmax; no per-edge row ever reaches memory.
+// incoming edges with an online softmax; no per-edge row ever reaches memory. Long rows (hubs) are
+// walked in chunks by teams of their own, whose partial (max, sum, output) a merge kernel combines
+// in chunk order (csrc/attention_merge.cu).
 #include "attention.cuh"
 
 namespace edgedot {
 
 namespace {
 
-// Team per (n, h) over the dst grouping: q[n, h] and the output row in registers, B edges' k, v
-// and edge_feat rows in flight per lane, the next batch's positions loaded while they arrive.
-// Softmax state (m, l) is kept per team; every lane holds the same bits (Team::sum), so branches on
-// it are uniform. An edge whose source is out of range makes its destination NaN. With alpha, a
-// second walk recomputes each score once lse is known. Edges whose destination is out of range lie
-// past offsets[num_dst]: their alpha is NaN.
-// Hub rows are walked by one team in sequence (one memory latency per batch of B edges).
+// Team per unit (n, h) of the dst grouping (for_each_unit): q[n, h] and the output row in
+// registers, B edges' k, v and edge_feat rows in flight per lane, the next batch's positions loaded
+// while they arrive. Softmax state (m, l) is kept per team; every lane holds the same bits
+// (Team::sum), so branches on it are uniform. An edge whose source is out of range makes its
+// destination NaN, and so does a destination whose edges all score -inf. A whole row writes its
+// output and lse; a chunk of a long row writes its unnormalised output and (m, l) to its slot.
+// The alpha pass (after out and lse are final) recomputes each score and writes alpha; edges whose
+// destination is out of range lie past offsets[num_dst]: their alpha is NaN.
 // kHasEdgeFeat: whether edge_feat is present; without it er is never touched and takes no registers.
 template <typename T, int VEC, int NV, bool kHasEdgeFeat>
 __global__ void __launch_bounds__(kBlockThreads, kAttentionBlocksPerSM<T, NV, kHasEdgeFeat>)
-attention_forward_kernel(AttentionForwardArgs a, int group) {
+attention_forward_kernel(AttentionForwardArgs a, int group, bool alpha_pass) {
   using A = accum_t<T>;
   constexpr int B = kAttentionBatch<T, NV, kHasEdgeFeat>;
   const AttentionInputs& in = a.in;
@@ -31,21 +34,9 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
   A* lse_out = static_cast<A*>(a.lse);
   T* alpha = static_cast<T*>(a.alpha);
 
-  // The unit (n, h) being walked: its head and q[n, h], and its batch's rows.
-  int64_t h = 0;
   LaneRow<T, VEC, NV> q;
   RawRow<T, VEC, NV> kr[B], vr[B], er[B];
-  // Calls f(unit, begin, end) for each unit of this team, with h and q set and [begin, end) the
-  // unit's sorted positions.
-  auto for_each_unit = [&](auto&& f) {
-    for (int64_t unit = thread / group; unit < num_dst * heads; unit += threads / group) {
-      const int64_t n = unit / heads;
-      h = unit - n * heads;
-      const PositionRange range = row_positions(a.dst, n, in.num_edges);
-      load_widened(q, row_head<T>(in.q, n, h), t, dvec);
-      f(unit, range.begin, range.end);
-    }
-  };
+  int64_t h = 0;
   auto load_keys = [&](const GroupedEdge (&e)[B]) {
 #pragma unroll
     for (int j = 0; j < B; ++j) {
@@ -60,13 +51,44 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
     return scaled_score(t.sum(lane_dot(q, kr[j], er[j], kHasEdgeFeat, t, dvec)), scale);
   };
 
-  for_each_unit([&](int64_t unit, int64_t begin, int64_t end) {
+  if (alpha_pass) {
+    for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                  [&](const WorkUnit& w) {
+      h = w.head;
+      load_widened(q, row_head<T>(in.q, w.row, h), t, dvec);
+      const A lse = lse_out[int64_t{w.row} * heads + h];
+      walk_edges<B>(a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end, load_keys,
+                    [&](const GroupedEdge (&e)[B], int64_t i) {
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          const A s = score(e[j], j);
+          if (i + j < w.end && t.lane == (j & (group - 1)) && e[j].edge >= 0) {
+            alpha[e[j].edge * heads + h] = from_accum<T>(w.bad ? nan : accurate_exp(s - lse));
+          }
+        }
+      });
+    });
+    // Edges whose destination is out of range (only without index checks).
+    if (a.dst.order == nullptr) return;  // edges given grouped lie in some destination's range
+    const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
+    for (int64_t x = thread; x < (in.num_edges - tail) * heads; x += threads) {
+      const int64_t i = tail + x / heads;
+      const int64_t e = a.dst.order[i];
+      if (in_range(e, in.num_edges)) alpha[e * heads + x % heads] = from_accum<T>(nan);
+    }
+    return;
+  }
+
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    h = w.head;
+    load_widened(q, row_head<T>(in.q, w.row, h), t, dvec);
     LaneRow<T, VEC, NV> acc;
     acc.zero();
     A m = -inf, l = 0;
-    bool bad = false;
+    bool bad = w.bad;
     walk_edges<B>(
-        a.dst, in.num_edges, num_src, t, begin, end,
+        a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
         [&](const GroupedEdge (&e)[B]) {
           load_keys(e);
 #pragma unroll
@@ -78,7 +100,7 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
             s[j] = score(e[j], j);
-            if (i + j < end && !(s[j] == s[j])) bad = true;  // also catches NaN from the inputs
+            if (i + j < w.end && !(s[j] == s[j])) bad = true;  // also catches NaN from the inputs
             if (s[j] > m_new) m_new = s[j];
           }
           if (m_new == -inf) return;  // no edge of the batch adds anything
@@ -94,6 +116,18 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
             add_scaled(acc, p * keep_weight<A>(in.dropout, e[j].edge, h, heads), vr[j], er[j], kHasEdgeFeat, t, vvec);
           }
         });
+    const int64_t unit = int64_t{w.row} * heads + h;
+    if (w.slot >= 0) {  // a chunk of a long row: its partial result
+      const int64_t part = int64_t{w.slot} * heads + h;
+      store_partial(static_cast<A*>(a.part_acc) + part * in.dim_v, t, vvec, acc);
+      if (t.lane == 0) {
+        static_cast<A*>(a.part_ml)[2 * part] = bad ? nan : m;
+        static_cast<A*>(a.part_ml)[2 * part + 1] = l;
+      }
+      return;
+    }
+    // A destination with edges that all score -inf has no softmax: NaN, as in PyTorch.
+    if (w.end > w.begin && !(l > 0)) bad = true;
     T* out_row = out + unit * in.dim_v;
     if (bad) {
       store_row(out_row, t, vvec, nan, acc);
@@ -104,39 +138,15 @@ attention_forward_kernel(AttentionForwardArgs a, int group) {
     }
     if (t.lane == 0) lse_out[unit] = bad ? nan : l > 0 ? m + accurate_log(l) : -inf;
   });
-
-  if (alpha == nullptr) return;
-  // The second walk, in a loop of its own so that the first does not keep registers for it. The
-  // team visits the same units as above: its lane 0 stored their lse, which the sync makes visible
-  // to the team's other lanes.
-  __syncwarp(t.mask);
-  for_each_unit([&](int64_t unit, int64_t begin, int64_t end) {
-    const A lse = lse_out[unit];
-    walk_edges<B>(a.dst, in.num_edges, num_src, t, begin, end, load_keys, [&](const GroupedEdge (&e)[B], int64_t i) {
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const A s = score(e[j], j);
-        if (i + j < end && t.lane == (j & (group - 1)) && e[j].edge >= 0) {
-          alpha[e[j].edge * heads + h] = from_accum<T>(accurate_exp(s - lse));
-        }
-      }
-    });
-  });
-  // Edges whose destination is out of range (only without index checks).
-  const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
-  for (int64_t x = thread; x < (in.num_edges - tail) * heads; x += threads) {
-    const int64_t i = tail + x / heads;
-    const int64_t e = a.dst.order[i];
-    if (in_range(e, in.num_edges)) alpha[e * heads + x % heads] = from_accum<T>(nan);
-  }
 }
 
 template <typename T, int VEC, int NV, bool kHasEdgeFeat>
-void launch(const AttentionForwardArgs& a, int group, cudaStream_t stream) {
+void launch(const AttentionForwardArgs& a, int group, bool alpha_pass, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<T, VEC, NV, kHasEdgeFeat>;
-  const int64_t threads = a.in.q.num_rows * a.in.heads * group + (a.alpha != nullptr ? a.in.num_edges : 0);
+  const int64_t threads = (a.in.q.num_rows + a.dst_chunks.max_slots) * a.in.heads * group +
+                          (alpha_pass ? a.in.num_edges : 0);
   if (threads == 0) return;
-  kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+  kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group, alpha_pass);
 }
 
 }  // namespace
@@ -150,7 +160,15 @@ void launch_attention_forward(const AttentionForwardArgs& a, ScalarKind scalar, 
     const int vec = vectorized ? wide_vec<T>() : 1;
     const TeamShape shape = attention_team((in.dim > in.dim_v ? in.dim : in.dim_v) / vec);
     dispatch_attention<T>(vectorized, shape.per_lane, in.edge_feat.data != nullptr, [&](auto v, auto nv, auto ef) {
-      launch<T, decltype(v)::value, decltype(nv)::value, decltype(ef)::value>(a, shape.group, stream);
+      constexpr int kVec = decltype(v)::value, kNV = decltype(nv)::value;
+      constexpr bool kEF = decltype(ef)::value;
+      launch<T, kVec, kNV, kEF>(a, shape.group, false, stream);
+      if (a.dst_chunks.first_chunk != nullptr) {
+        launch_merge_softmax<T>(a.dst_chunks, in.heads, in.dim_v, static_cast<const accum_t<T>*>(a.part_acc),
+                                static_cast<const accum_t<T>*>(a.part_ml), static_cast<T*>(a.out),
+                                static_cast<accum_t<T>*>(a.lse), stream);
+      }
+      if (a.alpha != nullptr) launch<T, kVec, kNV, kEF>(a, shape.group, true, stream);
     });
   });
 }

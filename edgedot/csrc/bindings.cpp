@@ -463,19 +463,66 @@ void check_attention_tensor(const at::Tensor& t, const char* name, const at::Ten
                     at::IntArrayRef(shape), ", got ", t.sizes());
 }
 
-AttentionGrouping attention_grouping(const at::Tensor& group, const at::Tensor& offsets, int64_t num_edges,
+IndexKind index_kind(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64; }
+
+// A grouping built by edgedot.plan.build_side (group given), or edges given grouped by the rows of
+// row_idx with offsets their CSR pointer (group absent): position i is then edge i.
+AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, const at::Tensor& offsets,
+                                     const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_edges,
                                      int64_t num_rows, const at::Tensor& q, const char* side) {
-  TORCH_CHECK_VALUE(group.scalar_type() == at::kLong && group.dim() == 1 && group.numel() == 2 * num_edges &&
-                        group.is_contiguous() && group.device() == q.device(),
-                    "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
-                    " elements on q's device (edgedot.plan.build_side), got ", group.scalar_type(), " of shape ",
-                    group.sizes());
   TORCH_CHECK_VALUE(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.numel() == num_rows + 1 &&
                         offsets.is_contiguous() && offsets.device() == q.device(),
                     "edgedot: ", side, "_offsets must be a contiguous int64 tensor of ", num_rows + 1,
                     " elements on q's device, got ", offsets.scalar_type(), " of shape ", offsets.sizes());
-  const int64_t* p = group.data_ptr<int64_t>();
-  return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>()};
+  if (!group.has_value()) {
+    for (const at::Tensor* idx : {&row_idx, &other_idx}) {
+      TORCH_CHECK_VALUE(is_index(*idx) && idx->numel() == num_edges && idx->is_contiguous() &&
+                            idx->device() == q.device(),
+                        "edgedot: edges given grouped need contiguous int32 or int64 index tensors of E = ",
+                        num_edges, " elements on q's device");
+    }
+    return AttentionGrouping{nullptr, nullptr, offsets.data_ptr<int64_t>(), row_idx.data_ptr(), other_idx.data_ptr(),
+                             index_kind(row_idx), index_kind(other_idx)};
+  }
+  TORCH_CHECK_VALUE(group->scalar_type() == at::kLong && group->dim() == 1 && group->numel() == 2 * num_edges &&
+                        group->is_contiguous() && group->device() == q.device(),
+                    "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
+                    " elements on q's device (edgedot.plan.build_side), got ", group->scalar_type(), " of shape ",
+                    group->sizes());
+  const int64_t* p = group->data_ptr<int64_t>();
+  return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(),
+                           nullptr, nullptr, IndexKind::i64, IndexKind::i64};
+}
+
+// The chunk schedule of a grouping's long rows (RowChunks), its tensors appended to `keep` (alive
+// until the kernels are queued; the caching allocator orders their reuse on the stream). None when
+// no row can be long.
+RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, const AttentionInputs& in, ScalarKind scalar,
+                           std::vector<at::Tensor>& keep) {
+  const int64_t chunk = attention_chunk_edges(in.num_edges, in.heads, in.dim, in.dim_v, scalar);
+  if (in.num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0};
+  const auto options = offsets.options();
+  at::Tensor first_chunk = at::empty({num_rows + 1}, options.dtype(at::kLong));
+  at::Tensor long_rows = at::empty({num_rows + 1}, options.dtype(at::kInt));  // the last entry: their count
+  const size_t temp_bytes = attention_schedule_temp_bytes(num_rows);
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+  int32_t* rows = long_rows.data_ptr<int32_t>();
+  const cudaError_t status =
+      launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, in.num_edges, chunk,
+                                first_chunk.data_ptr<int64_t>(), rows, rows + num_rows, temp.data_ptr(), temp_bytes,
+                                c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
+  keep.insert(keep.end(), {first_chunk, long_rows, temp});
+  return RowChunks{chunk, first_chunk.data_ptr<int64_t>(), rows, rows + num_rows,
+                   attention_max_slots(in.num_edges, chunk)};
+}
+
+// An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).
+void* attention_partials(const RowChunks& c, const AttentionInputs& in, int64_t dim, const at::Tensor& q,
+                         std::vector<at::Tensor>& keep) {
+  if (c.max_slots == 0) return nullptr;
+  keep.push_back(at::empty({c.max_slots, in.heads, dim}, q.options().dtype(attention_accum(q.scalar_type()))));
+  return keep.back().data_ptr();
 }
 
 // q, k, v (and edge_feat) with unit stride on the last dim, checked against each other.
@@ -520,20 +567,28 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
 
 }  // namespace
 
-// Fused graph attention forward over the dst grouping: (out [Nd, H, Dv] in q's dtype, lse [Nd, H]
-// in the accumulation dtype (float64 for float64 inputs, else float32), alpha [E, H] before dropout
-// in q's dtype, or an empty [0] tensor without return_attention).
+// Fused graph attention forward over the dst grouping (dst_group absent: edges given sorted by
+// destination, dst_offsets their CSR pointer): (out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the
+// accumulation dtype (float64 for float64 inputs, else float32), alpha [E, H] before dropout in q's
+// dtype, or an empty [0] tensor without return_attention).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, at::Tensor k, at::Tensor v,
                                                                  c10::optional<at::Tensor> edge_feat,
-                                                                 at::Tensor dst_group, at::Tensor dst_offsets,
-                                                                 double scale, double dropout_p, int64_t seed,
+                                                                 at::Tensor src_idx, at::Tensor dst_idx,
+                                                                 c10::optional<at::Tensor> dst_group,
+                                                                 at::Tensor dst_offsets, double scale,
+                                                                 double dropout_p, int64_t seed,
                                                                  bool return_attention) {
-  const int64_t num_edges = dst_group.dim() == 1 ? dst_group.numel() / 2 : 0;
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
   const int64_t num_dst = q.size(0);
-  AttentionForwardArgs args{in, attention_grouping(dst_group, dst_offsets, num_edges, num_dst, q, "dst")};
-  // No memset: the kernel writes every element (rows without edges as zeros, lse -inf).
+  const ScalarKind scalar = scalar_kind(q.scalar_type());
+  std::vector<at::Tensor> keep;
+  AttentionForwardArgs args{};
+  args.in = in;
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in, scalar, keep);
+  // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
   at::Tensor out = at::empty({num_dst, in.heads, in.dim_v}, q.options());
   at::Tensor lse = at::empty({num_dst, in.heads}, q.options().dtype(attention_accum(q.scalar_type())));
   const std::vector<int64_t> alpha_shape = return_attention ? std::vector<int64_t>{num_edges, in.heads}
@@ -542,38 +597,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, a
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
-  launch_attention_forward(args, scalar_kind(q.scalar_type()), c10::cuda::getCurrentCUDAStream());
+  args.part_acc = attention_partials(args.dst_chunks, in, in.dim_v, q, keep);
+  args.part_ml = attention_partials(args.dst_chunks, in, 2, q, keep);
+  launch_attention_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, lse, alpha};
 }
 
 // Its gradients by recomputation from lse: (dq, dk, dv in the inputs' dtype, d_edge_feat [E, H, D]
 // with edge_feat_grad, else an empty [0] tensor). The dst pass writes dq, d_edge_feat and
-// delta = <grad_out, out> per (n, h); the src pass then writes dk and dv.
+// delta = <grad_out, out> per (n, h); the src pass then writes dk and dv, unless kv_grad is false
+// (then dk and dv are empty [0] tensors and src_group, src_offsets are not read).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
-    at::Tensor out, at::Tensor lse, at::Tensor dst_group, at::Tensor dst_offsets, at::Tensor src_group,
-    at::Tensor src_offsets, double scale, double dropout_p, int64_t seed, bool edge_feat_grad) {
-  const int64_t num_edges = dst_group.dim() == 1 ? dst_group.numel() / 2 : 0;
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double scale, double dropout_p, int64_t seed, bool edge_feat_grad, bool kv_grad) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
+  TORCH_CHECK_VALUE(!kv_grad || (src_group.has_value() && src_offsets.has_value()),
+                    "edgedot: kv_grad needs src_group and src_offsets");
   const int64_t num_dst = q.size(0), num_src = k.size(0);
   const at::ScalarType accum = attention_accum(q.scalar_type());
+  const ScalarKind scalar = scalar_kind(q.scalar_type());
   check_attention_tensor(grad_out, "grad_out", q, {num_dst, in.heads, in.dim_v});
   check_attention_tensor(out, "out", q, {num_dst, in.heads, in.dim_v});
   check_attention_tensor(lse, "lse", q, {num_dst, in.heads});
   grad_out = grad_out.to(q.scalar_type()).contiguous();
   out = unit_stride_last(out.to(q.scalar_type()));
   lse = lse.to(accum).contiguous();
-  AttentionBackwardArgs args{in, attention_rows(grad_out), attention_rows(out), lse.data_ptr(),
-                             attention_grouping(dst_group, dst_offsets, num_edges, num_dst, q, "dst"),
-                             attention_grouping(src_group, src_offsets, num_edges, num_src, q, "src")};
-  // No memsets: every row is written by one team (rows without edges as zeros).
+  std::vector<at::Tensor> keep;
+  AttentionBackwardArgs args{};
+  args.in = in;
+  args.grad_out = attention_rows(grad_out);
+  args.out = attention_rows(out);
+  args.lse = lse.data_ptr();
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in, scalar, keep);
+  if (kv_grad) {
+    args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, num_edges, num_src, q, "src");
+    args.src_chunks = attention_chunks(*src_offsets, num_src, in, scalar, keep);
+  }
+  // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
   at::Tensor dq = at::empty({num_dst, in.heads, in.dim}, q.options());
-  at::Tensor dk = at::empty({num_src, in.heads, in.dim}, q.options());
-  at::Tensor dv = at::empty({num_src, in.heads, in.dim_v}, q.options());
+  at::Tensor dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());
+  at::Tensor dv = kv_grad ? at::empty({num_src, in.heads, in.dim_v}, q.options()) : at::empty({0}, q.options());
   const std::vector<int64_t> d_edge_feat_shape =
       edge_feat_grad ? std::vector<int64_t>{num_edges, in.heads, in.dim} : std::vector<int64_t>{0};
   at::Tensor d_edge_feat = at::empty(d_edge_feat_shape, q.options());
@@ -582,12 +653,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   args.dk = dk.data_ptr();
   args.dv = dv.data_ptr();
   args.d_edge_feat = edge_feat_grad ? d_edge_feat.data_ptr() : nullptr;
+  args.part_dq = attention_partials(args.dst_chunks, in, in.dim, q, keep);
+  args.part_dk = attention_partials(args.src_chunks, in, in.dim, q, keep);
+  args.part_dv = attention_partials(args.src_chunks, in, in.dim_v, q, keep);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const ScalarKind scalar = scalar_kind(q.scalar_type());
   launch_attention_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  launch_attention_backward_src(args, scalar, stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (kv_grad) {
+    launch_attention_backward_src(args, scalar, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return {dq, dk, dv, d_edge_feat};
 }
 

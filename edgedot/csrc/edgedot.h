@@ -143,10 +143,31 @@ inline constexpr int64_t kAttentionMaxDim = 256;
 // r lie at sorted positions offsets[r] .. offsets[r + 1] - 1; position i holds edge order[i], whose
 // other row is the low 32 bits of row_other[i] (-1 when out of range). Positions from
 // offsets[num_rows] on hold edges whose row is out of range.
+// Edges given grouped (a CSR pointer by row): order and row_other are null, position i is edge i,
+// its other row other_idx[i] and its row row_idx[i], which must be the row whose range holds i. A
+// pointer that is not a partition of [0, num_edges) or a row index that disagrees with it makes
+// the rows concerned NaN instead of dropping or misplacing edges.
 struct AttentionGrouping {
   const int64_t* order;
   const uint64_t* row_other;
   const int64_t* offsets;  // [num_rows + 1]
+  const void* row_idx;     // grouped input only
+  const void* other_idx;   // grouped input only
+  IndexKind row_index, other_index;
+};
+
+// Long rows split into chunks (csrc/attention_schedule.cu): a row of more than `chunk` edges is
+// walked as ceil(degree / chunk) chunks by teams of their own, each writing a partial result to
+// its slot; a merge kernel then combines each long row's partials in chunk order (no atomics, so
+// results stay bitwise reproducible). first_chunk[r] = slots of the long rows before r,
+// first_chunk[num_rows] = all slots (at most max_slots); long_rows[0 .. *num_long) lists the long
+// rows in ascending order.
+struct RowChunks {
+  int64_t chunk;
+  const int64_t* first_chunk;  // [num_rows + 1]
+  const int32_t* long_rows;    // [num_rows]
+  const int32_t* num_long;     // [1]
+  int64_t max_slots;
 };
 
 // Head h of edge e is kept when the hash of (seed, e, h) is at least threshold (floor(p * 2**32),
@@ -166,13 +187,16 @@ struct AttentionInputs {
   AttentionDropout dropout;
 };
 
-// The accumulation type: double for float64 inputs, float otherwise (lse, delta).
+// The accumulation type: double for float64 inputs, float otherwise (lse, delta, partials).
 struct AttentionForwardArgs {
   AttentionInputs in;
   AttentionGrouping dst;
+  RowChunks dst_chunks;
   void* out;    // [num_dst, heads, dim_v], contiguous, in the inputs' type
   void* lse;    // [num_dst, heads], accumulation type: -inf for rows without edges
   void* alpha;  // [num_edges, heads] in the inputs' type (before dropout), or null
+  void* part_acc;  // [max_slots, heads, dim_v] accumulation type: a chunk's unnormalised output
+  void* part_ml;   // [max_slots, heads, 2]: its running maximum and sum
 };
 
 struct AttentionBackwardArgs {
@@ -180,12 +204,30 @@ struct AttentionBackwardArgs {
   Rows grad_out, out;  // [num_dst, heads, dim_v]
   const void* lse;     // [num_dst, heads], accumulation type
   AttentionGrouping dst, src;
+  RowChunks dst_chunks, src_chunks;
   void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
   void* dq;            // [num_dst, heads, dim], contiguous, in the inputs' type
   void* dk;            // [num_src, heads, dim]
   void* dv;            // [num_src, heads, dim_v]
   void* d_edge_feat;   // [num_edges, heads, dim], or null
+  void* part_dq;       // [dst max_slots, heads, dim], accumulation type
+  void* part_dk;       // [src max_slots, heads, dim]
+  void* part_dv;       // [src max_slots, heads, dim_v]
 };
+
+// Edges a chunk of a long row holds, for a grouping of num_edges edges of these heads and head dims
+// on the current device: long enough that few rows are split, short enough that no team's walk is
+// more than a small part of the whole and a hub spreads over many teams.
+int64_t attention_chunk_edges(int64_t num_edges, int64_t heads, int64_t dim, int64_t dim_v, ScalarKind scalar);
+// Partial slots a schedule of that chunk may need: long rows of d > chunk edges take
+// ceil(d / chunk) < 2 d / chunk slots.
+inline int64_t attention_max_slots(int64_t num_edges, int64_t chunk) { return 2 * num_edges / chunk + 1; }
+// The schedule of one grouping (first_chunk, long_rows, num_long of RowChunks) from its offsets;
+// temp holds attention_schedule_temp_bytes bytes. No host synchronisation. num_rows below 2**31 - 1.
+size_t attention_schedule_temp_bytes(int64_t num_rows);
+cudaError_t launch_attention_schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                                      int64_t* first_chunk, int32_t* long_rows, int32_t* num_long, void* temp,
+                                      size_t temp_bytes, cudaStream_t stream);
 
 // out, lse (and alpha) over the dst grouping; every element of them is written. Needs dim and
 // dim_v in 1 .. kAttentionMaxDim.

@@ -1,0 +1,211 @@
+// The merge of long rows' chunks (for_each_unit in attention.cuh): each chunk of a long row wrote a
+// partial result to its slot; here each (long row, head) combines its chunks' partials in chunk
+// order and writes the row's final values. Rows of few chunks take a warp each; rows of many (hubs)
+// take a whole block, whose warps merge interleaved chunks and then combine in warp order. Every
+// order is fixed, so results are bitwise reproducible.
+#include "attention.cuh"
+
+namespace edgedot {
+
+namespace {
+
+constexpr int kMergeCols = kAttentionMaxDim / 32;  // columns of a row per lane
+// Chunks up to which one warp merges a row; beyond, a block of kMergeBlockThreads does.
+constexpr int64_t kWarpMergeChunks = 64;
+constexpr int kMergeBlockThreads = 512;
+constexpr int kMergeWarps = kMergeBlockThreads / 32;
+// Partials loaded before any is combined: the merge is bound by their latency.
+constexpr int kMergeBatch = 4;
+
+// A lane's share of a merged row: columns lane + 32 * i. Softmax merges also carry the running
+// maximum m and sum l (the same on every lane) and whether a chunk was NaN.
+template <typename A, bool kSoftmax>
+struct MergeState {
+  A m, l;
+  A acc[kMergeCols];
+  bool bad;
+
+  __device__ __forceinline__ void init() {
+    m = static_cast<A>(-INFINITY);
+    l = 0;
+    bad = false;
+#pragma unroll
+    for (int i = 0; i < kMergeCols; ++i) acc[i] = 0;
+  }
+
+  // Adds a partial (ms, ls, cols) where cols[i] is column lane + 32 * i.
+  __device__ __forceinline__ void add(A ms, A ls, const A (&cols)[kMergeCols], int dim, int lane) {
+    if constexpr (kSoftmax) {
+      if (!(ms == ms)) bad = true;
+      if (!(ls > 0)) return;  // a chunk whose edges all scored -inf (or NaN, flagged above)
+      const A m_new = ms > m ? ms : m;
+      const A a = accurate_exp(m - m_new), b = accurate_exp(ms - m_new);  // a = 0 while m = -inf
+      l = l * a + ls * b;
+      m = m_new;
+#pragma unroll
+      for (int i = 0; i < kMergeCols; ++i)
+        if (lane + 32 * i < dim) acc[i] = fma_accum(cols[i], b, acc[i] * a);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kMergeCols; ++i)
+        if (lane + 32 * i < dim) acc[i] += cols[i];
+    }
+  }
+};
+
+// Merges slots first + offset, first + offset + stride, ... below last into s, kMergeBatch at a time.
+template <typename A, bool kSoftmax>
+__device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A* part, const A* part_ml,
+                                            int64_t heads, int64_t h, int dim, int64_t first, int64_t last,
+                                            int64_t offset, int64_t stride, int lane) {
+  for (int64_t base = first + offset; base < last; base += kMergeBatch * stride) {
+    A cols[kMergeBatch][kMergeCols], ms[kMergeBatch], ls[kMergeBatch];
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      const int64_t slot = base + b * stride;
+      const bool has = slot < last;
+      const A* row = part + (slot * heads + h) * dim;
+#pragma unroll
+      for (int i = 0; i < kMergeCols; ++i) cols[b][i] = has && lane + 32 * i < dim ? row[lane + 32 * i] : A(0);
+      if constexpr (kSoftmax) {
+        ms[b] = has ? part_ml[2 * (slot * heads + h)] : static_cast<A>(-INFINITY);
+        ls[b] = has ? part_ml[2 * (slot * heads + h) + 1] : A(0);
+      } else {
+        ms[b] = ls[b] = 0;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b)
+      if (base + b * stride < last) s.add(ms[b], ls[b], cols[b], dim, lane);
+  }
+}
+
+// Writes the merged row: softmax: out = acc / l and lse = m + log(l), NaN when a chunk was NaN or
+// every edge scored -inf (a long row has edges); sum: out = acc.
+template <typename T, bool kSoftmax>
+__device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax>& s, T* out, accum_t<T>* lse,
+                                             int64_t unit, int dim, int lane) {
+  using A = accum_t<T>;
+  const A nan = static_cast<A>(NAN);
+  const bool bad = kSoftmax && (s.bad || !(s.l > 0));
+  const A factor = kSoftmax ? (bad ? nan : A(1) / s.l) : A(1);
+#pragma unroll
+  for (int i = 0; i < kMergeCols; ++i)
+    if (lane + 32 * i < dim) out[unit * dim + lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
+  if (kSoftmax && lane == 0) lse[unit] = bad ? nan : s.m + accurate_log(s.l);
+}
+
+// A warp per (long row, head) of at most kWarpMergeChunks chunks.
+template <typename T, bool kSoftmax>
+__global__ void __launch_bounds__(kBlockThreads)
+merge_warp_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
+                  accum_t<T>* lse) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t u = warp; u < static_cast<int64_t>(*c.num_long) * heads; u += warps) {
+    const int64_t k = u / heads, h = u - k * heads;
+    const int64_t row = c.long_rows[k];
+    const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
+    if (last - first > kWarpMergeChunks) continue;
+    MergeState<accum_t<T>, kSoftmax> s;
+    s.init();
+    merge_slots(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
+    write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
+  }
+}
+
+// A block per (long row, head) of more than kWarpMergeChunks chunks. The block's threads first look
+// at one unit each and list the big ones in shared memory, so that the many rows of few chunks cost
+// it one pass, not one step each.
+template <typename T, bool kSoftmax>
+__global__ void __launch_bounds__(kMergeBlockThreads)
+merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
+                   accum_t<T>* lse) {
+  using A = accum_t<T>;
+  __shared__ int64_t big[kMergeBlockThreads];
+  __shared__ int num_big;
+  __shared__ A warp_acc[kMergeWarps][kAttentionMaxDim];
+  __shared__ A warp_ml[kMergeWarps][2];
+  __shared__ bool warp_bad[kMergeWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t units = static_cast<int64_t>(*c.num_long) * heads;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kMergeBlockThreads; base < units;
+       base += static_cast<int64_t>(gridDim.x) * kMergeBlockThreads) {
+    if (threadIdx.x == 0) num_big = 0;
+    __syncthreads();
+    const int64_t u = base + threadIdx.x;
+    if (u < units) {
+      const int64_t row = c.long_rows[u / heads];
+      if (c.first_chunk[row + 1] - c.first_chunk[row] > kWarpMergeChunks) big[atomicAdd(&num_big, 1)] = u;
+    }
+    __syncthreads();
+    for (int b = 0; b < num_big; ++b) {
+      const int64_t k = big[b] / heads, h = big[b] - k * heads;
+      const int64_t row = c.long_rows[k];
+      const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
+      MergeState<A, kSoftmax> s;
+      s.init();
+      merge_slots(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
+#pragma unroll
+      for (int i = 0; i < kMergeCols; ++i)
+        if (lane + 32 * i < dim) warp_acc[warp][lane + 32 * i] = s.acc[i];
+      if (lane == 0) {
+        warp_ml[warp][0] = s.m;
+        warp_ml[warp][1] = s.l;
+        warp_bad[warp] = s.bad;
+      }
+      __syncthreads();
+      if (warp == 0) {
+        MergeState<A, kSoftmax> total;
+        total.init();
+        for (int w = 0; w < kMergeWarps; ++w) {
+          A cols[kMergeCols];
+#pragma unroll
+          for (int i = 0; i < kMergeCols; ++i) cols[i] = lane + 32 * i < dim ? warp_acc[w][lane + 32 * i] : A(0);
+          if (warp_bad[w]) total.bad = true;
+          // A warp that merged no chunk holds (-inf, 0): add() skips it.
+          total.add(kSoftmax ? warp_ml[w][0] : A(0), kSoftmax ? warp_ml[w][1] : A(0), cols, dim, lane);
+        }
+        write_merged<T, kSoftmax>(total, out, lse, row * heads + h, dim, lane);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Blocks for the merges: the number of long rows is known only on the device, so a fixed grid
+// strides over them.
+int merge_blocks() { return sm_count() * 2; }
+
+}  // namespace
+
+template <typename T>
+void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
+                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream) {
+  merge_warp_kernel<T, true><<<merge_blocks(), kBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
+                                                                            part_ml, out, lse);
+  merge_block_kernel<T, true><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim),
+                                                                                  part, part_ml, out, lse);
+}
+
+template <typename T>
+void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
+                      cudaStream_t stream) {
+  merge_warp_kernel<T, false><<<merge_blocks(), kBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
+                                                                             nullptr, out, nullptr);
+  merge_block_kernel<T, false><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim),
+                                                                                   part, nullptr, out, nullptr);
+}
+
+#define EDGEDOT_MERGE(T)                                                                                          \
+  template void launch_merge_softmax<T>(const RowChunks&, int64_t, int64_t, const accum_t<T>*, const accum_t<T>*, \
+                                        T*, accum_t<T>*, cudaStream_t);                                           \
+  template void launch_merge_sum<T>(const RowChunks&, int64_t, int64_t, const accum_t<T>*, T*, cudaStream_t);
+EDGEDOT_MERGE(float)
+EDGEDOT_MERGE(double)
+EDGEDOT_MERGE(__half)
+EDGEDOT_MERGE(__nv_bfloat16)
+#undef EDGEDOT_MERGE
+
+}  // namespace edgedot

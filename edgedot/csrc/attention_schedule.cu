@@ -1,0 +1,94 @@
+// The chunk schedule of a grouping's long rows (RowChunks in edgedot.h), from its row offsets, in
+// two CUB passes and no host synchronisation: an exclusive scan of each row's chunk count, and the
+// list of the long rows.
+#include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include "attention.cuh"
+
+namespace edgedot {
+
+namespace {
+
+// Edges of row r, clamped as the kernels clamp them (row_positions).
+struct RowEdges {
+  const int64_t* offsets;
+  int64_t num_rows, num_edges;
+
+  __device__ __forceinline__ int64_t operator()(int64_t r) const {
+    const PositionRange p = clamped_positions(offsets[r], offsets[r + 1], num_edges);
+    return p.end - p.begin;
+  }
+};
+
+// Chunks of row r: ceil(edges / chunk) for a long row, else 0; 0 for r = num_rows, the scan's end.
+struct RowChunkCount {
+  RowEdges edges;
+  int64_t chunk;
+
+  __device__ __forceinline__ int64_t operator()(int64_t r) const {
+    if (r >= edges.num_rows) return 0;
+    const int64_t d = edges(r);
+    return is_long_row(d, chunk) ? (d + chunk - 1) / chunk : 0;
+  }
+};
+
+struct IsLongRow {
+  RowEdges edges;
+  int64_t chunk;
+
+  __device__ __forceinline__ bool operator()(int32_t r) const { return is_long_row(edges(r), chunk); }
+};
+
+// The two passes; with temp null, only the bytes they need.
+cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk, int64_t* first_chunk,
+                     int32_t* long_rows, int32_t* num_long, void* temp, size_t& temp_bytes, cudaStream_t stream) {
+  const RowEdges edges{offsets, num_rows, num_edges};
+  auto counts = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), RowChunkCount{edges, chunk});
+  size_t scan_bytes = 0, select_bytes = 0;
+  cudaError_t status = cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, first_chunk, static_cast<int32_t>(num_rows + 1), stream);
+  if (status != cudaSuccess) return status;
+  status = cub::DeviceSelect::If(nullptr, select_bytes, thrust::counting_iterator<int32_t>(0), long_rows, num_long,
+                                 static_cast<int32_t>(num_rows), IsLongRow{edges, chunk}, stream);
+  if (status != cudaSuccess) return status;
+  const size_t need = scan_bytes > select_bytes ? scan_bytes : select_bytes;
+  if (temp == nullptr) {
+    temp_bytes = need;
+    return cudaSuccess;
+  }
+  if (temp_bytes < need) return cudaErrorInvalidValue;
+  status = cub::DeviceScan::ExclusiveSum(temp, scan_bytes, counts, first_chunk, static_cast<int32_t>(num_rows + 1), stream);
+  if (status != cudaSuccess) return status;
+  return cub::DeviceSelect::If(temp, select_bytes, thrust::counting_iterator<int32_t>(0), long_rows, num_long,
+                               static_cast<int32_t>(num_rows), IsLongRow{edges, chunk}, stream);
+}
+
+}  // namespace
+
+int64_t attention_chunk_edges(int64_t num_edges, int64_t heads, int64_t dim, int64_t dim_v, ScalarKind scalar) {
+  const int64_t bytes = scalar == ScalarKind::f64 ? 8 : scalar == ScalarKind::f32 ? 4 : 2;
+  const int64_t widest = dim > dim_v ? dim : dim_v;
+  const int64_t team = attention_team((widest * bytes + 15) / 16).group;
+  // Teams resident on the device (2048 threads an SM), and each one's share of the edges' heads.
+  const int64_t teams = static_cast<int64_t>(sm_count()) * 2048 / team;
+  const int64_t share = num_edges * heads / teams;
+  int64_t chunk = 128;
+  while (chunk < share && chunk < 4096) chunk *= 2;
+  return chunk;
+}
+
+size_t attention_schedule_temp_bytes(int64_t num_rows) {
+  size_t bytes = 0;
+  schedule(nullptr, num_rows, 0, 1, nullptr, nullptr, nullptr, nullptr, bytes, nullptr);
+  return bytes;
+}
+
+cudaError_t launch_attention_schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                                      int64_t* first_chunk, int32_t* long_rows, int32_t* num_long, void* temp,
+                                      size_t temp_bytes, cudaStream_t stream) {
+  return schedule(offsets, num_rows, num_edges, chunk, first_chunk, long_rows, num_long, temp, temp_bytes, stream);
+}
+
+}  // namespace edgedot
