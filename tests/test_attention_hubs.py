@@ -1,0 +1,275 @@
+"""graph_attention on power-law graphs and on edges given grouped by destination: long rows split
+into chunks and merged (CUDA), ``dst_ptr`` (no per-call sort), its checks, and the backward that
+skips the grouping by source when k and v need no gradient."""
+
+import math
+
+import pytest
+import torch
+
+import edgedot
+from edgedot import _attention_ops, _grouped
+from test_attention_cuda import FLOORS, full_check, grouping, inputs, reference_grads, run
+from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, rel_error, requires_cuda
+
+
+def sorted_graph(num_src, num_dst, num_edges, device, g, index_dtype=torch.int64, hub=None, hub_edges=0):
+    """Random edges sorted by destination (stable), optionally hub_edges of them into node hub."""
+    src = torch.randint(0, num_src, (num_edges,), generator=g)
+    dst = torch.randint(0, num_dst, (num_edges,), generator=g)
+    if hub is not None:
+        dst[:hub_edges] = hub
+    dst, order = torch.sort(dst, stable=True)
+    return src[order].to(device, index_dtype), dst.to(device, index_dtype)
+
+
+def features(num_src, num_dst, heads, dim, dtype, device, g, requires_grad=True):
+    return [rand_feat((n, heads, dim), dtype, device, g).requires_grad_(requires_grad)
+            for n in (num_dst, num_src, num_src)]
+
+
+# ------------------------------------------------------------------------------ index_to_ptr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+def test_index_to_ptr(device, index_dtype):
+    idx = torch.tensor([0, 0, 2, 2, 2, 5], device=device, dtype=index_dtype)
+    ptr = edgedot.index_to_ptr(idx, 7)
+    assert ptr.tolist() == [0, 2, 2, 5, 5, 5, 6, 6]
+    assert edgedot.index_to_ptr(idx[:0], 3).tolist() == [0, 0, 0, 0]
+    with pytest.raises(TypeError, match="idx"):
+        edgedot.index_to_ptr(idx.float(), 7)
+    with pytest.raises(ValueError, match="num_rows"):
+        edgedot.index_to_ptr(idx, -1)
+
+
+# ------------------------------------------------------------------------------ dst_ptr: results
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("ptr_dtype", INDEX_DTYPES, ids=dtype_id)
+def test_dst_ptr_matches_unsorted_call(device, index_dtype, ptr_dtype):
+    """Edges given sorted with their pointer: the same outputs and gradients as the plain call
+    (bitwise on CUDA: the kernels walk the same positions), with edge features and dropout."""
+    g = gen(1)
+    num_src, num_dst, heads, dim = 70, 50, 3, 16
+    src, dst = sorted_graph(num_src, num_dst - 3, 900, device, g, index_dtype, hub=4, hub_edges=400)
+    ef = rand_feat((900, heads, dim), torch.float32, device, g).requires_grad_()
+    grad_out = rand_feat((num_dst, heads, dim), torch.float32, device, g)
+    ptr = edgedot.index_to_ptr(dst, num_dst).to(ptr_dtype)
+    results = []
+    for kwargs in ({}, {"dst_ptr": ptr}):
+        leaves = features(num_src, num_dst, heads, dim, torch.float32, device, gen(2)) + [ef]
+        torch.manual_seed(3)
+        out = edgedot.graph_attention(*leaves[:3], src, dst, edge_feat=ef, dropout_p=0.2, **kwargs)
+        grads = torch.autograd.grad(out, leaves, grad_out)
+        results.append((out,) + grads)
+    for a, b in zip(*results):
+        if device == "cuda":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert (results[0][0][-3:] == 0).all(), "nodes without edges: zeros"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dst_ptr_return_attention_and_empty_graph(device):
+    g = gen(4)
+    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
+    src, dst = sorted_graph(20, 10, 150, device, g)
+    ptr = edgedot.index_to_ptr(dst, 10)
+    out, alpha = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr, return_attention=True)
+    want_out, want_alpha = edgedot.graph_attention(q, k, v, src, dst, return_attention=True)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(alpha, want_alpha)
+    empty = src[:0]
+    out = edgedot.graph_attention(q, k, v, empty, empty, dst_ptr=torch.zeros(11, dtype=torch.int64, device=device))
+    assert (out == 0).all()
+
+
+# ------------------------------------------------------------------------------ dst_ptr: errors
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dst_ptr_errors(device):
+    g = gen(5)
+    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
+    src, dst = sorted_graph(20, 10, 60, device, g)
+    ptr = edgedot.index_to_ptr(dst, 10)
+
+    def call(p, d=dst, **kwargs):
+        return edgedot.graph_attention(q, k, v, src, d, dst_ptr=p, **kwargs)
+
+    with pytest.raises(TypeError, match="dst_ptr"):
+        call(ptr.float())
+    with pytest.raises(TypeError, match="dst_ptr"):
+        call([0] * 11)
+    with pytest.raises(ValueError, match="dst_ptr"):
+        call(ptr[:-1])
+    with pytest.raises(ValueError, match="dst_ptr"):
+        call(ptr[None])
+    bad = ptr.clone()
+    bad[-1] -= 1  # ends before E: the last edge would be dropped
+    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+        call(bad)
+    bad = ptr.clone()
+    bad[0] = 1
+    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+        call(bad)
+    bad = ptr.clone()
+    bad[4] = int(ptr[5]) + 1  # then decreases
+    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+        call(bad)
+    shuffled = dst[torch.randperm(60, generator=g).to(device)]  # not sorted: disagrees with ptr
+    with pytest.raises(ValueError, match="dst_ptr disagrees with dst_idx"):
+        call(ptr, shuffled)
+    plan = edgedot.EdgePlan(src, dst, 20, 10)
+    with pytest.raises(ValueError, match="plan or dst_ptr"):
+        call(ptr, plan=plan)
+    # The CPU checks whatever check_indices says.
+    if device == "cpu":
+        with pytest.raises(ValueError, match="dst_ptr disagrees"):
+            call(ptr, shuffled, check_indices=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
+    """The pointer is checked against dst_idx once, then remembered until either changes."""
+    g = gen(6)
+    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
+    src, dst = sorted_graph(20, 10, 60, device, g)
+    ptr = edgedot.index_to_ptr(dst, 10)
+    calls = []
+    real = torch.searchsorted
+    monkeypatch.setattr(_grouped.torch, "searchsorted", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for _ in range(3):
+        edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
+    assert len(calls) == 1
+    dst[0] = 0  # in place: checked again (still valid)
+    edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
+    assert len(calls) == 2
+    dst[-1] = 0  # now disagrees
+    with pytest.raises(ValueError, match="dst_ptr disagrees"):
+        edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
+
+
+# ------------------------------------------------------------------------------ kv_grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_without_key_value_gradients(device, monkeypatch):
+    """k and v without gradients: the backward computes dq alone (kv_grad False) and it equals the
+    full backward's dq."""
+    g = gen(7)
+    q, k, v = features(30, 20, 2, 8, torch.float32, device, g, requires_grad=False)
+    src, dst = sorted_graph(30, 20, 200, device, g)
+    grad_out = rand_feat((20, 2, 8), torch.float32, device, g)
+    seen = []
+    real = _attention_ops.graph_attention_backward_op
+    monkeypatch.setattr(_attention_ops, "graph_attention_backward_op",
+                        lambda *a: seen.append(a[-1]) or real(*a))
+    q1 = q.clone().requires_grad_()
+    dq_alone, = torch.autograd.grad(edgedot.graph_attention(q1, k, v, src, dst), q1, grad_out)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dq_full = torch.autograd.grad(edgedot.graph_attention(*leaves, src, dst), leaves, grad_out)[0]
+    assert seen == [False, True]
+    assert torch.equal(dq_alone, dq_full)
+
+
+# ------------------------------------------------------------------------------ CUDA: long rows
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("edge_feat", [False, True])
+def test_long_rows_split_and_merged(dtype, edge_feat):
+    """A destination hub of 6000 edges and a source hub of 5000 (merged by a block), rows of a few
+    chunks (merged by a warp) and ordinary rows: every output and gradient against float64, and
+    bitwise equal on a second run."""
+    g = gen(8)
+    num_src, num_dst, num_edges, heads, dim = 400, 300, 20000, 2, 32
+    q, k, v, ef, src, dst = inputs(num_src, num_dst, num_edges, heads, dim, dim, dtype, g, edge_feat)
+    dst[:6000] = 3
+    src[6000:11000] = 5
+    dst[11000:11500] = 8  # a few chunks
+    src[12000:12300] = 9
+    out, dq = full_check(q, k, v, ef, src, dst, p=0.2, seed=77, g=g)
+    again, _ = run(q, k, v, ef, src, dst, 1 / math.sqrt(dim), p=0.2, seed=77)
+    assert torch.equal(out, again[0])
+
+
+@requires_cuda
+def test_hub_accuracy_two_million_edges():
+    """One node with 2,000,000 incoming edges, float32: relative error against float64 <= 1e-5 for
+    the output and every gradient."""
+    g = gen(9)
+    num_src, num_dst, heads, dim = 100_000, 1000, 4, 32
+    q, k, v, _, src, dst = inputs(num_src, num_dst, 2_100_000, heads, dim, dim, torch.float32, g, False)
+    dst[:2_000_000] = 17
+    full_check(q, k, v, None, src, dst, g=g, return_attention=False)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_grouped_kernels_match_sorted_grouping(dtype):
+    """Edges given sorted (no grouping, the pointer alone) walk the same positions as build_side's
+    grouping of the same edges: bitwise equal outputs and gradients, hubs included."""
+    g = gen(10)
+    num_src, num_dst, heads, dim = 500, 300, 2, 32
+    src, dst = sorted_graph(num_src, num_dst, 15000, "cuda", g, hub=7, hub_edges=5000)
+    q, k, v = (t.detach() for t in features(num_src, num_dst, heads, dim, dtype, "cuda", g))
+    grad_out = rand_feat((num_dst, heads, dim), dtype, "cuda", g)
+    dst_group = grouping(dst, src, num_dst, num_src)
+    src_group = grouping(src, dst, num_src, num_dst)
+    given = run(q, k, v, None, src, dst, 0.2, p=0.1, seed=3, grad_out=grad_out, groups=(dst_group, src_group))
+    ptr = (None, edgedot.index_to_ptr(dst, num_dst))
+    grouped = run(q, k, v, None, src, dst, 0.2, p=0.1, seed=3, grad_out=grad_out, groups=(ptr, src_group))
+    for a, b in zip(given[0] + given[1], grouped[0] + grouped[1]):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+def test_wrong_pointer_unchecked_gives_nan_rows():
+    """With check_indices=False nothing waits for the device: a pointer that disagrees with dst_idx
+    makes the destinations concerned NaN (never a wrong finite value, never a bad read), and one
+    that does not span [0, E) makes every destination NaN."""
+    g = gen(11)
+    q, k, v = features(40, 30, 2, 16, torch.float32, "cuda", g, requires_grad=False)
+    src, dst = sorted_graph(40, 30, 500, "cuda", g)
+    ptr = edgedot.index_to_ptr(dst, 30)
+    good = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr, check_indices=False)
+    wrong = ptr.clone()
+    wrong[5] += 1  # the first edge of node 5 now lies in node 4's range
+    out = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=wrong, check_indices=False)
+    nan_rows = torch.isnan(out).flatten(1).any(1)
+    assert nan_rows[4] and nan_rows[5] or bool(ptr[5] == ptr[6])
+    assert torch.equal(out[~nan_rows], good[~nan_rows])
+    short = ptr.clone()
+    short[-1] -= 1
+    out = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=short, check_indices=False)
+    assert torch.isnan(out).all()
+    wild = torch.full_like(ptr, -7)
+    wild[-1] = 10**9
+    out = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=wild, check_indices=False)
+    assert torch.isnan(out).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("hub_edges", [0, 3000])
+def test_all_minus_inf_destination_is_nan(hub_edges):
+    """A destination whose edges all score -inf gets NaN output and lse (as torch.softmax), also
+    when it is a long row; the others are unaffected."""
+    g = gen(12)
+    num_src, num_dst, heads, dim = 200, 50, 1, 8
+    q, k, v, _, src, dst = inputs(num_src, num_dst, 6000, heads, dim, dim, torch.float32, g, False, empty_dst=0)
+    if hub_edges:
+        dst[:hub_edges] = 6
+    k[..., 0] = k[..., 0].abs() + 0.1
+    q[6] = 0
+    q[6, :, 0] = -math.inf  # every score of node 6: -inf
+    (out, lse, _), _ = run(q, k, v, None, src, dst, 0.3, return_attention=False)
+    assert torch.isnan(out[6]).all() and torch.isnan(lse[6]).all()
+    rest = torch.arange(num_dst, device="cuda") != 6
+    assert torch.isfinite(out[rest]).all() and torch.isfinite(lse[rest][torch.isfinite(lse[rest])]).all()
