@@ -17,7 +17,8 @@ from edgedot.bench.cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, F
 from edgedot.bench.timing import relative_error
 
 REPO = Path(__file__).resolve().parent.parent
-ATTENTION_PATHS = ["edgedot", "edgedot_det", "edgedot_plan", "edgedot_layer", "pyg", "compile"]
+ATTENTION_PATHS = ["edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_layer", "pyg", "compile",
+                   "turbo"]
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,9 @@ def test_quick_run_attention_baselines(quick_report):
     for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
         assert list(record[section]) == ATTENTION_PATHS
         assert record[section]["compile"]["status"] == "ok", record[section]["compile"]
-        pyg = record[section]["pyg"]
-        assert pyg["status"] in ("ok", "n/a"), pyg
+        for baseline in ("pyg", "turbo"):
+            result = record[section][baseline]
+            assert result["status"] in ("ok", "n/a"), result
     for key in ("forward_us", "forward_backward_us", "forward_vs_bound", "forward_backward_vs_forward",
                 "deterministic_vs_default", "forward_backward_peak_bytes"):
         assert len(record["targets"][key]) == 2
@@ -83,7 +85,7 @@ def test_quick_run_attention_baselines(quick_report):
 def test_quick_run_attention_edgedot(quick_report):
     record = quick_report[0]["cases"]["attn_arxiv_bf16"]
     for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
-        for path in ("edgedot", "edgedot_det", "edgedot_plan", "edgedot_layer"):
+        for path in ("edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_layer"):
             result = record[section][path]
             assert result["status"] == "ok", (section, path, result)
             assert result["rel_err"] <= quick_report[0]["tolerance"]["bfloat16"]
@@ -92,8 +94,9 @@ def test_quick_run_attention_edgedot(quick_report):
 
 def test_case_selection():
     names = [case.name for case in select_cases(None, quick=False)]
-    assert names[0] == "default" and names[-4:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
-                                                    "attn_reddit_bf16"]
+    assert names[0] == "default" and names[-9:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+                                                    "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
+                                                    "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16", "attn_minibatch_f32"]
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
     with pytest.raises(SystemExit, match="unknown case"):
@@ -106,7 +109,8 @@ def test_attention_check_is_exact(monkeypatch, sampled):
     float32 math passes it, and fails it with a grad_out that is not zero outside the sample."""
     if sampled:
         monkeypatch.setattr(attention_check, "REFERENCE_EDGES", 300)
-    case = attention.shrunk_attention(attention.ATTENTION_CASES[-1])  # Reddit-like in-degree
+    (reddit,) = [case for case in attention.ATTENTION_CASES if case.name == "attn_reddit_bf16"]
+    case = attention.shrunk_attention(reddit)  # Reddit-like in-degree
     inputs = attention.make_attention_set(case, torch.device("cpu"), seed=0)
     inputs.requires_grad_()
     check = attention_check.expected_attention(case, inputs, attention.layer_weights(case, torch.device("cpu")),
@@ -123,3 +127,25 @@ def test_attention_check_is_exact(monkeypatch, sampled):
     assert max(errors(check.grad_out)) < 1e-5
     if sampled:
         assert min(errors(inputs.grad_out)[1:]) > 0.1
+
+
+def test_power_law_cases():
+    """The power-law cases make the graphs they name, and their ratio to the uniform twin is
+    computed from the edgedot paths of both."""
+    from edgedot.bench.attention import ATTENTION_CASES, add_power_law_ratios, case_edges, shrunk_attention
+    cases = {case.name: shrunk_attention(case) for case in ATTENTION_CASES}
+    g = torch.Generator().manual_seed(0)
+    src, dst = case_edges(cases["attn_arxiv_hub_bf16"], g)
+    assert torch.bincount(dst).max() >= cases["attn_arxiv_hub_bf16"].hub_edges
+    minibatch = cases["attn_minibatch_f32"]
+    src, dst = case_edges(minibatch, g)
+    assert torch.equal(torch.bincount(dst), torch.full((minibatch.seeds,), minibatch.num_edges // minibatch.seeds))
+    rmat = cases["attn_rmat20_bf16"]
+    src, dst = case_edges(rmat, g)
+    assert src.max() < rmat.num_nodes and torch.bincount(dst).max() > 4 * rmat.num_edges / rmat.num_nodes
+    records = {"a": {"kind": "attention", "config": {"twin": "b"}, ATTN_FORWARD: {"edgedot": {"status": "ok",
+                     "median_us": 13.0}}, "targets": {}},
+               "b": {"kind": "attention", "config": {}, ATTN_FORWARD: {"edgedot": {"status": "ok", "median_us": 10.0}}}}
+    add_power_law_ratios(records)
+    assert records["a"]["targets"]["forward_vs_uniform"] == [1.3, 1.3]
+    assert records["a"]["targets"]["forward_backward_vs_uniform"] == [None, 1.3]

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 import torch
 
 from . import __doc__ as package_doc
-from .attention import ATTENTION_CASES, AttentionCase, run_attention_case, shrunk_attention
+from .attention import ATTENTION_CASES, AttentionCase, add_power_law_ratios, run_attention_case, shrunk_attention
 from .cases import CASES, TOLERANCE, dtype_name, shrunk
 from .edge_dot import load_kernels, run_case
 from .report import report_lines, save_chart, write_json
@@ -63,6 +63,7 @@ def main(argv=None):
         run = run_attention_case if isinstance(case, AttentionCase) else run_case
         records[case.name] = run(case, device, clock, settings, not args.no_backward, bandwidths)
         release_memory()
+    add_power_law_ratios(records)
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

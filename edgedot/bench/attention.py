@@ -1,7 +1,11 @@
 """The graph-attention benchmark: ``edgedot.graph_attention`` (default, deterministic, with a
-plan), ``edgedot.nn.TransformerConv``, PyG's ``TransformerConv`` and ``torch.compile`` of the
-unfused math, forward and forward+backward, on graphs of the sizes of ogbn-arxiv, ogbn-products
-and Reddit (uniform random edges sorted by destination, 4 heads of 32, 128 input features)."""
+plan, with the edges given grouped by ``dst_ptr``), ``edgedot.nn.TransformerConv``, PyG's
+``TransformerConv``, ``torch.compile`` of the unfused math and, when it is installed, Turbo-GNN's
+fused ``graph_transformer_aggr``, forward and forward+backward, on graphs of the sizes of
+ogbn-arxiv, ogbn-products and Reddit (uniform random edges sorted by destination, 4 heads of 32,
+128 input features), on power-law graphs (R-MAT, and arxiv's size plus one node of 2M incoming
+edges) beside uniform graphs of the same size, and on sampled mini-batches with a new graph every
+call."""
 
 import math
 from dataclasses import asdict, dataclass, replace
@@ -11,7 +15,7 @@ import torch
 
 import edgedot
 
-from .._graphs import sorted_by_src, uniform_edges
+from .._graphs import rmat_edges, sorted_by_src, uniform_edges
 from .attention_check import LINEARS, expected_attention, rows_error, unfused_attention, weights_error
 from .cases import ATTN_FORWARD, ATTN_FORWARD_BACKWARD, QUICK_EDGES, TOLERANCE, dtype_name, rotating_sets
 from .timing import BenchPath, NotApplicable, progress, relative_error, run_section
@@ -34,6 +38,11 @@ class AttentionCase:
     dim: int = 32
     in_channels: int = 128
     index_dtype: torch.dtype = torch.int64      # PyG's edge_index
+    graph: str = "uniform"       # "uniform", "rmat", "hub" (uniform plus one node of hub_edges in-edges),
+    hub_edges: int = 0           # or "minibatch" (seeds x fanout in-edges from any node)
+    seeds: int = 0
+    fresh_graph: bool = False    # every timed call gets new index tensors (a new mini-batch)
+    twin: Optional[str] = None   # the uniform case of equal size, for the power-law ratio
 
     def describe(self):
         fields = asdict(self)
@@ -51,7 +60,17 @@ ATTENTION_CASES = [
     AttentionCase("attn_products_bf16", 2_449_029, 30_000_000, torch.bfloat16, 6000, 18000),
     AttentionCase("attn_reddit_bf16", 232_965, 114_615_892, torch.bfloat16, 21000, 63000,
                   memory_budget_bytes=10 * GB),
+    AttentionCase("attn_rmat20_bf16", 2**20, 8 * 2**20, torch.bfloat16, graph="rmat", twin="attn_uniform20_bf16"),
+    AttentionCase("attn_uniform20_bf16", 2**20, 8 * 2**20, torch.bfloat16),
+    AttentionCase("attn_arxiv_hub_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16,
+                  graph="hub", hub_edges=2_000_000, twin="attn_arxiv_3m_bf16"),
+    AttentionCase("attn_arxiv_3m_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16),
+    AttentionCase("attn_minibatch_f32", 16_384 * 11, 16_384 * 10, torch.float32, graph="minibatch", seeds=16_384,
+                  fresh_graph=True),
 ]
+
+# Power-law graphs against the uniform graph of the same size (``twin``), edgedot's paths.
+MAX_POWER_LAW_VS_UNIFORM = 1.3
 
 # Issue targets on the ratios (see ``targets``).
 MAX_FORWARD_VS_BOUND = 1.5
@@ -62,7 +81,11 @@ MAX_DETERMINISTIC_VS_DEFAULT = 1.2
 def shrunk_attention(case):
     """The case with nodes and edges divided by one factor, down to about ``QUICK_EDGES`` edges."""
     factor = max(1, case.num_edges // QUICK_EDGES)
-    return replace(case, num_nodes=max(1, case.num_nodes // factor), num_edges=case.num_edges // factor)
+    num_nodes = max(1, case.num_nodes // factor)
+    if case.graph == "rmat":  # a power of two
+        num_nodes = 1 << max(1, num_nodes.bit_length() - 1)
+    return replace(case, num_nodes=num_nodes, num_edges=case.num_edges // factor,
+                   hub_edges=case.hub_edges // factor, seeds=max(1, case.seeds // factor) if case.seeds else 0)
 
 
 def gather_bytes(case):
@@ -85,9 +108,12 @@ class AttentionSet:
     edge_index: torch.Tensor   # [2, E], sources in row 0, sorted by destination
     grad_out: torch.Tensor     # [N, H, D], the op's
     grad_layer: torch.Tensor   # [N, H * D], the layers'
+    dst_ptr: Optional[torch.Tensor] = None  # CSR pointer of the destinations
 
     def __post_init__(self):
         self.src_idx, self.dst_idx = self.edge_index[0], self.edge_index[1]  # the same objects every call
+        if self.dst_ptr is None:
+            self.dst_ptr = edgedot.index_to_ptr(self.dst_idx, self.q.shape[0])
 
     def nbytes(self):
         return sum(t.nbytes for t in (self.x, self.q, self.k, self.v, self.edge_index, self.grad_out,
@@ -102,10 +128,25 @@ class AttentionSet:
             t.requires_grad_()
 
 
+def case_edges(case, generator):
+    """The case's random edges (``case.graph``), int64, in random order."""
+    n = case.num_nodes
+    if case.graph == "rmat":
+        return rmat_edges(n.bit_length() - 1, case.num_edges, generator)
+    if case.graph == "minibatch":  # each seed (nodes 0 .. seeds-1) gets the same number of in-edges
+        dst = torch.arange(case.seeds, device=generator.device).repeat_interleave(case.num_edges // case.seeds)
+        src = torch.randint(n, (dst.shape[0],), generator=generator, device=generator.device)
+        return src, dst
+    src, dst = uniform_edges(n, n, case.num_edges, generator)
+    if case.graph == "hub":
+        dst[:case.hub_edges] = int(torch.randint(n, (), generator=generator, device=generator.device))
+    return src, dst
+
+
 def make_attention_set(case, device, seed):
-    """Uniform random edges sorted by destination and normal features, drawn from ``seed``."""
+    """The case's edges sorted by destination and normal features, drawn from ``seed``."""
     generator = torch.Generator(device).manual_seed(seed)
-    src, dst = uniform_edges(case.num_nodes, case.num_nodes, case.num_edges, generator)
+    src, dst = case_edges(case, generator)
     dst, src = sorted_by_src(dst, src)
     edge_index = torch.stack([src, dst]).to(case.index_dtype)
     del src, dst
@@ -144,9 +185,19 @@ def load_weights(layer, weights):
 # --------------------------------------------------------------------------- the paths
 
 def attention_paths(case, sets, check, compiled, weights, backward):
-    """Path makers of one section; ``backward``: each timed call is ``out.backward(grad)`` too."""
+    """Path makers of one section; ``backward``: each timed call is ``out.backward(grad)`` too.
+    With ``case.fresh_graph`` every call works on new copies of the index tensors (a new
+    mini-batch: nothing remembered about the last one helps)."""
     op = getattr(edgedot, "graph_attention", None)
     device = sets[0].x.device
+
+    def graph(i):
+        """(edge_index, src_idx, dst_idx, dst_ptr) of set i, as a call receives them."""
+        s = sets[i]
+        if not case.fresh_graph:
+            return s.edge_index, s.src_idx, s.dst_idx, s.dst_ptr
+        edge_index = s.edge_index.clone()
+        return edge_index, edge_index[0], edge_index[1], s.dst_ptr.clone()
 
     def op_path(call_op):
         if not backward:
@@ -175,7 +226,7 @@ def attention_paths(case, sets, check, compiled, weights, backward):
         load_weights(layer, weights)
 
         def forward(i):
-            return layer(sets[i].x, sets[i].edge_index)
+            return layer(sets[i].x, graph(i)[0])
 
         def clear(i):
             sets[i].clear_grads()
@@ -203,13 +254,19 @@ def attention_paths(case, sets, check, compiled, weights, backward):
 
         return BenchPath(call, None, reset=clear, check=verify, strict=strict)
 
-    def edgedot_op(plans=None, **options):
+    def edgedot_op(plans=None, grouped=False, **options):
         def make():
             if op is None:
                 raise NotApplicable("edgedot.graph_attention is not available")
+            if plans and case.fresh_graph:
+                raise NotApplicable("a plan is for a static graph")
             plan_of = plans() if plans else [None] * len(sets)  # built here, outside the timing
-            return op_path(lambda i: op(sets[i].q, sets[i].k, sets[i].v, sets[i].src_idx, sets[i].dst_idx,
-                                        plan=plan_of[i], **options))
+
+            def call(i):
+                _, src, dst, ptr = graph(i)
+                extra = {"dst_ptr": ptr} if grouped else {}
+                return op(sets[i].q, sets[i].k, sets[i].v, src, dst, plan=plan_of[i], **extra, **options)
+            return op_path(call)
         return make
 
     def plans():
@@ -231,14 +288,34 @@ def attention_paths(case, sets, check, compiled, weights, backward):
                           strict=False)
 
     scale = case.dim ** -0.5
+
+    def turbo():
+        try:
+            import turbo_gnn
+        except ImportError:
+            raise NotApplicable("turbo_gnn is not installed") from None
+        adjacency = turbo_gnn.AdjacencyForwardBackwardWithNodeBuckets
+
+        def build(edge_index):
+            return adjacency.from_edge_list(edge_index, num_nodes=case.num_nodes).to(device)
+
+        graphs = None if case.fresh_graph else [build(s.edge_index) for s in sets]
+
+        def call(i):  # its score is Q[source] . K[destination]: our k and q
+            g = graphs[i] if graphs else build(graph(i)[0])
+            return turbo_gnn.graph_transformer_aggr(g, sets[i].x, Q=sets[i].k, K=sets[i].q, V=sets[i].v,
+                                                    scale=scale).view(sets[i].q.shape)
+        return op_path(call)
+
     return {
         "edgedot": edgedot_op(),
         "edgedot_det": edgedot_op(deterministic=True),
         "edgedot_plan": edgedot_op(plans=plans),
+        "edgedot_grouped": edgedot_op(grouped=True),
         "edgedot_layer": edgedot_layer,
         "pyg": pyg_layer,
-        "compile": lambda: op_path(lambda i: compiled(sets[i].q, sets[i].k, sets[i].v, sets[i].src_idx,
-                                                      sets[i].dst_idx, scale)),
+        "compile": lambda: op_path(lambda i: compiled(sets[i].q, sets[i].k, sets[i].v, *graph(i)[1:3], scale)),
+        "turbo": turbo,
     }
 
 
@@ -256,7 +333,7 @@ def run_attention_case(case, device, clock, settings, with_backward, bandwidths)
     record = {"kind": "attention", "config": case.describe(), "input_sets": len(sets),
               "check": check.describe(), "bytes": {ATTN_FORWARD: moved}, "bound_us": bound_us}
     options = dict(tolerance=TOLERANCE[case.dtype], num_sets=len(sets), clock=clock, settings=settings,
-                   baselines=("compile", "pyg"))
+                   baselines=("compile", "pyg", "turbo"))
     torch._dynamo.reset()
     compiled = torch.compile(unfused_attention, dynamic=False)
     record[ATTN_FORWARD] = run_section("attention forward", attention_paths(case, sets, check, compiled, weights,
@@ -317,6 +394,25 @@ def targets(case, record):
         result["memory_budget_bytes"] = case.memory_budget_bytes
         result["fits_budget"] = {path: fits(found, case.memory_budget_bytes) for path, found in both.items()}
     return result
+
+
+def add_power_law_ratios(records):
+    """For each power-law case whose uniform twin was run too: edgedot's times over the twin's
+    (forward and forward+backward, per edgedot path), and the target on the default path."""
+    for record in records.values():
+        twin = records.get(record.get("config", {}).get("twin") or "")
+        if record.get("kind") != "attention" or twin is None:
+            continue
+        ratios = {}
+        for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
+            for path in record.get(section, {}):
+                if path.startswith("edgedot"):
+                    ratios[f"{section}/{path}"] = ratio(ok_time(record[section], path),
+                                                        ok_time(twin.get(section, {}), path))
+        record["vs_uniform_twin"] = ratios
+        record["targets"]["forward_vs_uniform"] = [ratios.get(f"{ATTN_FORWARD}/edgedot"), MAX_POWER_LAW_VS_UNIFORM]
+        record["targets"]["forward_backward_vs_uniform"] = [ratios.get(f"{ATTN_FORWARD_BACKWARD}/edgedot"),
+                                                            MAX_POWER_LAW_VS_UNIFORM]
 
 
 def fits(result, budget):

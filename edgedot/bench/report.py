@@ -23,6 +23,7 @@ METRICS = {
     "vs_eager": ("time / eager time (<1: faster than eager)", "{:.3f}".format),
     "vs_compile": ("time / compile time (<1: faster than compile)", "{:.3f}".format),
     "vs_pyg": ("time / PyG time (<1: faster than PyG)", "{:.3f}".format),
+    "vs_turbo": ("time / Turbo-GNN time (<1: faster than Turbo-GNN)", "{:.3f}".format),
     "vs_bound": ("time / gather bound (bytes counted at the copy bandwidth)", "{:.2f}".format),
     "vs_forward": ("forward+backward time / the same path's forward time", "{:.2f}".format),
     "bw_fraction": ("bytes counted / time / copy bandwidth", "{:.2f}".format),
@@ -38,9 +39,10 @@ TABLES = [
     ("Forward + backward", [(FORWARD_BACKWARD, "")], EDGE_DOT_METRICS),
     ("Kernel time alone: calls captured in a CUDA graph", [(GRAPH_REPLAY, " cold"), (GRAPH_REPLAY_HOT, " hot")],
      ["median_us", "vs_compile", "bw_fraction", "l2_fraction"]),
-    ("Attention forward", [(ATTN_FORWARD, "")], ["median_us", "vs_compile", "vs_pyg", "vs_bound", "peak_extra_bytes"]),
+    ("Attention forward", [(ATTN_FORWARD, "")],
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
     ("Attention forward + backward", [(ATTN_FORWARD_BACKWARD, "")],
-     ["median_us", "vs_compile", "vs_pyg", "vs_forward", "peak_extra_bytes"]),
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "peak_extra_bytes"]),
 ]
 SECTIONS = [section for _, parts, _ in TABLES for section, _ in parts]
 NAME_WIDTH, CELL_WIDTH, CASE_CELL_WIDTH = 18, 16, 11
@@ -135,13 +137,15 @@ def targets_table(cases):
                ("fwd/bound", "forward_vs_bound", "{:.2f}".format),
                ("f+b/fwd", "forward_backward_vs_forward", "{:.2f}".format),
                ("det/default", "deterministic_vs_default", "{:.2f}".format),
-               ("f+b peak GB", "forward_backward_peak_bytes", gigabytes)]
+               ("f+b peak GB", "forward_backward_peak_bytes", gigabytes),
+               ("fwd/uniform", "forward_vs_uniform", "{:.2f}".format),
+               ("f+b/uniform", "forward_backward_vs_uniform", "{:.2f}".format)]
     rows = []
     for name, record in cases.items():
         if "targets" not in record:
             continue
         goals = record["targets"]
-        rows.append([name] + [target_cell(goals[key], formatter) for _, key, formatter in columns])
+        rows.append([name] + [target_cell(goals.get(key, [None, None]), formatter) for _, key, formatter in columns])
     if not rows:
         return []
     return (["", "Attention targets (edgedot's default path; measured/target; det/default: forward+backward)"]
