@@ -377,7 +377,7 @@ __host__ __device__ __forceinline__ bool is_long_row(int64_t edges, int64_t chun
 
 // A team's unit of work: head h of row `row` over sorted positions [begin, end): the whole row
 // (slot -1), or chunk `slot` of a long row, whose result is partial. bad: the grouping given for
-// this row is not a valid CSR pointer (edges given grouped only). lead: the unit that writes the
+// this row is not a valid CSR pointer for its edges (edges given grouped only). lead: the unit that writes the
 // row's per-row values (the whole row, or a long row's first chunk).
 // Positions, rows, heads and slots fit 32 bits (num_edges < 2**31 - 1): fewer registers live
 // through the walk.
@@ -427,7 +427,13 @@ __device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const 
       w.end = static_cast<int32_t>(begin + c.chunk < range.end ? begin + c.chunk : range.end);
       w.lead = begin == range.begin;
     }
-    w.bad = !partition || (g.order == nullptr && g.offsets[w.row + 1] < g.offsets[w.row]);
+    w.bad = !partition;
+    if (g.order == nullptr && partition) {
+      // The row's range must hold all its edges: the positions just outside it are other rows'.
+      const int64_t first = g.offsets[w.row], last = g.offsets[w.row + 1];
+      w.bad = last < first || (first > 0 && load_index(g.row_idx, g.row_index, first - 1) == w.row) ||
+              (last < num_edges && load_index(g.row_idx, g.row_index, last) == w.row);
+    }
     f(w);
   }
 }
