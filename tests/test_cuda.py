@@ -5,7 +5,8 @@ import torch
 
 import edgedot
 from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
-                   rand_feat, rand_index, reference, reference64, reference_grads, requires_cuda, skewed_index)
+                   rand_feat, rand_index, reference, reference64, reference_grads, rel_error, requires_cuda,
+                   skewed_index)
 
 pytestmark = requires_cuda
 
@@ -139,6 +140,42 @@ def test_offsets_past_2_pow_31_elements(index_dtype):
         untouched[rows] = False
         assert src.grad[untouched].abs().max().item() == 0, kwargs
     del plan, src
+    torch.cuda.empty_cache()
+
+
+# Device memory the test below needs at its peak, in bytes: two int32 indices (8 B per edge), the
+# output and its gradient (8 B), the sort's keys and packed pairs in double buffers (24 B).
+NEAR_2_POW_31_PEAK_BYTES = 40 * (2**31 - 1000)
+
+
+def test_edge_count_near_2_pow_31():
+    """E = 2**31 - 1000 edges with int32 indices, D=1: within one grid stride of 2**31, where a
+    32-bit grid-stride counter wraps negative (and wrote before the sort's keys). Forward, then the
+    deterministic backward, which sorts the edges by row (sort_by_row.cu). About 86 GB."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < NEAR_2_POW_31_PEAK_BYTES + 8 * 2**30:
+        pytest.skip(f"needs about {NEAR_2_POW_31_PEAK_BYTES / 2**30:.0f} GiB of free GPU memory")
+    num_edges, num_src, num_dst = 2**31 - 1000, 1000, 700
+    g = gen(2031)
+    cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+    src = rand_feat((num_src, 1), torch.float32, "cuda", g, requires_grad=True)
+    dst = rand_feat((num_dst, 1), torch.float32, "cuda", g)
+    src_idx = torch.randint(0, num_src, (num_edges,), generator=cuda_gen, device="cuda", dtype=torch.int32)
+    dst_idx = torch.randint(0, num_dst, (num_edges,), generator=cuda_gen, device="cuda", dtype=torch.int32)
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx, deterministic=True)
+    want_grad = torch.zeros(num_src, 1, dtype=torch.float64, device="cuda")
+    chunk = 2**27
+    with torch.no_grad():
+        for start in range(0, num_edges, chunk):
+            s, d = src_idx[start:start + chunk].long(), dst_idx[start:start + chunk].long()
+            want = (src[s, 0].double() * dst[d, 0].double())
+            assert torch.allclose(out[start:start + chunk].double(), want, rtol=1e-6, atol=0), start
+            want_grad.index_add_(0, s, dst[d].double())
+        del s, d, want
+    out.backward(torch.ones_like(out))  # grad_src[r] = sum of dst[d] over the edges of row r
+    del out
+    assert rel_error(src.grad, want_grad) < 1e-4
+    del src_idx, dst_idx
     torch.cuda.empty_cache()
 
 
