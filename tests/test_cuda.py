@@ -106,6 +106,37 @@ def test_check_indices_false_runs_on_side_stream_without_sync():
                     torch.float32)
 
 
+def test_cuda_index_views_wait_once():
+    """edge_dot's CUDA forward (its memo lives in the extension) waits for its range check once
+    for the views ``edge_index[0]``, ``edge_index[1]`` made anew each call, and again after an
+    in-place write to ``edge_index``."""
+    g = gen(3)
+    src, dst, src_idx, dst_idx = _static_inputs(False, g)
+    edge_index = torch.stack([src_idx.long(), dst_idx.long()])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+
+    def call_waits():
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s or more of GPU time
+            out = edgedot.edge_dot(src, dst, edge_index[0], edge_index[1])
+            waited = side.query()
+        side.synchronize()
+        return out, waited
+
+    assert call_waits()[1], "the first checked call must wait for its verdict"
+    for _ in range(3):
+        out, waited = call_waits()
+        assert not waited, "a view of an edge_index already checked waited again"
+    assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
+                    torch.float32)
+    edge_index[1, 0] = 0
+    assert call_waits()[1], "a write to edge_index must bring the check back"
+    edge_index[0, 1] = src.shape[0]
+    with pytest.raises(IndexError, match="src_idx"):
+        call_waits()
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_offsets_past_2_pow_31_elements(index_dtype):
     """Rows whose element offset exceeds 2**31, forward and both backward paths."""
