@@ -462,7 +462,7 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
 
 namespace edgedot {
 at::Tensor kernelbench_forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx, at::Tensor dst_idx);
-}  // namespace edgedot (csrc/kernelbench.cpp)
+}  // namespace edgedot (kernelbench/csrc/kernelbench.cpp)
 
 namespace edgedot {
 namespace {
