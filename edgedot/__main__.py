@@ -58,9 +58,21 @@ def _peak_extra_mb(fn, device):
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def positive_int(text):
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=200, help="timed calls per measurement")
+    """Command line: ``python -m edgedot [--reps N]``."""
+    parser = argparse.ArgumentParser(prog="python -m edgedot", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=positive_int, default=200, help="timed calls per measurement (at least 1)")
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

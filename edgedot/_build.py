@@ -1,8 +1,8 @@
 """Just-in-time build of the CUDA kernels, on first use, into a persistent cache.
 
-``torch.utils.cpp_extension.load`` compiles ``csrc/`` with ninja into the cache folder; later
-processes find the built module there and load it without compiling. Importing edgedot never
-builds anything, so CPU-only use needs no CUDA toolkit.
+``torch.utils.cpp_extension.load`` compiles ``csrc/`` and ``kernelbench/csrc/`` with ninja into
+the cache folder; later processes find the built module there and load it without compiling.
+Importing edgedot never builds anything, so CPU-only use needs no CUDA toolkit.
 """
 
 import os
@@ -11,10 +11,14 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).parent / "csrc"
-SOURCES = ["bindings.cpp", "kernelbench.cpp", "launch.cu", "forward.cu", "index_cast.cu", "backward_atomic.cu",
-           "backward_sorted.cu", "sort_by_row.cu", "group_edges.cu", "edge_order.cu", "attention_schedule.cu",
-           "attention_forward.cu", "attention_backward.cu", "attention_merge.cu"]
+PACKAGE = Path(__file__).parent
+CSRC = PACKAGE / "csrc"  # the library's kernels and the plain C++ interface, edgedot.h
+# Relative to PACKAGE: the library's sources, then the KernelBench harness's (one extension).
+SOURCES = ["csrc/bindings.cpp", "csrc/launch.cu", "csrc/forward.cu", "csrc/backward_atomic.cu",
+           "csrc/backward_sorted.cu", "csrc/sort_by_row.cu", "csrc/group_edges.cu", "csrc/edge_order.cu",
+           "csrc/attention_schedule.cu", "csrc/attention_forward.cu", "csrc/attention_backward.cu",
+           "csrc/attention_merge.cu",
+           "kernelbench/csrc/kernelbench.cpp", "kernelbench/csrc/index_cast.cu"]
 
 _lock = threading.Lock()
 _module = None
@@ -53,7 +57,8 @@ def _load():
     verbose = os.environ.get("EDGEDOT_VERBOSE_BUILD", "0") == "1"
     return cpp_extension.load(
         name="edgedot_cuda",
-        sources=[str(CSRC / s) for s in SOURCES],
+        sources=[str(PACKAGE / s) for s in SOURCES],
+        extra_include_paths=[str(CSRC)],  # the harness's sources include edgedot.h and common.cuh
         extra_cflags=["-O3"],
         extra_cuda_cflags=["-O3", "-lineinfo"],  # arch: the GPUs present, or TORCH_CUDA_ARCH_LIST
         build_directory=str(build),

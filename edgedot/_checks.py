@@ -91,43 +91,64 @@ def check_index_range(name, idx, num_rows):
 
 
 class TensorMemo:
-    """Facts about index tensors, each remembered until its tensor changes.
+    """Facts about index tensors, each remembered until its memory changes.
 
     A graph's index tensors are usually passed again and again, and learning a fact about one
     (its range, its order) costs a pass over E integers and, on CUDA, a wait for the GPU. An
-    entry holds while the tensor object lives, keeps its storage and is not modified in place
-    (its version counter is unchanged). Writes that bypass PyTorch (raw pointers, DLPack
-    producers) are not seen.
+    entry is keyed on the tensor's base (the tensor itself, or for a view the tensor it views,
+    which shares its version counter) and on the view's place in it (offset, shape, strides,
+    dtype): ``edge_index[0]``, a new object on every call, finds the entry of the previous
+    call's view. An entry holds while that base lives, still has the same memory and has not
+    been modified in place (the version counter, which every view shares, is unchanged); it is
+    dropped with its base, so freed memory reused by a new tensor never matches. A tensor
+    that shares memory without sharing the version counter (``.data``, the views a compiled
+    graph makes with ``reinterpret_tensor``) is a new base every call, so it is checked every
+    call, never trusted. Writes that bypass PyTorch (raw pointers, DLPack producers) are not
+    seen.
     """
 
     def __init__(self):
-        self._entries = {}
+        self._entries = {}  # id(base) -> (weakref to base, {place: (version, data_ptr, fact)})
 
     def get(self, idx):
         """The fact recorded for ``idx``, or None if there is none or ``idx`` changed since."""
-        entry = self._entries.get(id(idx))
-        # An entry exists only for a live tensor that keeps a version counter (see put), so
+        base = idx._base if idx._is_view() else idx
+        entry = self._entries.get(id(base))
+        # An entry exists only for a live base that keeps a version counter (see put), so
         # ``_version`` is safe once the identity holds. This runs on every call: kept lean.
-        if entry is None or entry[0]() is not idx or entry[1] != idx._version or entry[2] != idx.data_ptr():
+        if entry is None or entry[0]() is not base:
             return None
-        return entry[3]
+        fact = entry[1].get(_place(idx))
+        if fact is None or fact[0] != idx._version or fact[1] != idx.data_ptr():
+            return None
+        return fact[2]
 
     def put(self, idx, fact):
         """Records ``fact`` (not None) for ``idx`` as it is now."""
         version = _version_of(idx)
         if version is None:
             return
-        key = id(idx)
+        base = idx._base if idx._is_view() else idx
+        key = id(base)
         entries = self._entries
-        ref = weakref.ref(idx, lambda _, key=key: entries.pop(key, None))
-        entries[key] = (ref, version, idx.data_ptr(), fact)
+        entry = entries.get(key)
+        if entry is None or entry[0]() is not base:
+            entry = (weakref.ref(base, lambda _, key=key: entries.pop(key, None)), {})
+            entries[key] = entry
+        entry[1][_place(idx)] = (version, idx.data_ptr(), fact)
+
+
+def _place(idx):
+    """Where a view lies in its base."""
+    return idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype
 
 
 class InRangeIndices(TensorMemo):
     """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for
     ``edge_dot``'s CPU path and for ``graph_attention``; ``edge_dot``'s CUDA forward keeps the same
-    record in the extension (``InRangeMemo`` in ``csrc/bindings.cpp``). The kernels never read out of range whatever this says: an index
-    changed behind PyTorch's back yields NaN, not a crash."""
+    record, by the same rule, in the extension (``InRangeMemo`` in ``csrc/bindings.cpp``). The
+    kernels never read out of range whatever this says: an index changed behind PyTorch's back
+    yields NaN, not a crash."""
 
     def covers(self, idx, feat):
         """Whether ``idx`` is unchanged since it was found in range for at most as many rows as

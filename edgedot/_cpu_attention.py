@@ -109,7 +109,8 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return
             values += edge_feat[start:stop].to(acc)
         weighted.index_add_(0, dst, _kept(weight, seed, start, stop, dropout_p)[..., None] * values)
 
-    # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros.
+    # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
+    # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
     lse = top + torch.log(total)
     divisor = torch.where(total > 0, total, torch.ones_like(total))
     out = (weighted / divisor[..., None]).to(q.dtype)
@@ -147,6 +148,12 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
         dp = (grads * values).sum(-1)
         # d score = alpha * (dp * keep / (1 - p) - delta); kept / alpha is that factor.
         ds = scale * (_kept(dp, seed, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
+        dead = alpha == 0
+        if dead.any():
+            # An edge of weight exactly 0 (a -inf score) adds nothing, even where its key or
+            # value is infinite (0 * inf would be NaN).
+            ds = ds.masked_fill(dead, 0)
+            keys = keys.masked_fill(dead[..., None], 0)
         dq.index_add_(0, dst, ds[..., None] * keys)
         d_keys = ds[..., None] * queries
         dk.index_add_(0, src, d_keys)

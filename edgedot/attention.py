@@ -24,10 +24,13 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         alpha[e, h] = softmax of score[:, h] over the edges into n
         out[n, h]   = sum over edges e into n of alpha[e, h] * (v[s, h] + edge_feat[e, h])
 
-    A node without incoming edges gets zeros; a node whose incoming edges all score ``-inf`` (or
-    one NaN) gets NaN, as ``torch.softmax`` does. The softmax keeps a running maximum, so logits of
-    any size are safe. Nodes of any in-degree are fast: the edges of a hub are split into chunks
-    walked in parallel, whose partial softmaxes are merged in a fixed order (reproducible). The backward recomputes the scores from a per-node log-sum-exp
+    A node without incoming edges gets zeros. The softmax keeps a running maximum, so logits of
+    any size are safe. Non-finite scores, the same on every device: a node that has incoming
+    edges but whose every score is ``-inf`` or NaN gets NaN (its log-sum-exp is NaN too); an edge
+    whose ``alpha`` is exactly 0 (a ``-inf`` score into a node with a finite log-sum-exp) adds
+    nothing to any gradient, so the gradients are finite wherever the output is. Nodes of any
+    in-degree are fast: the edges of a hub are split into chunks walked in parallel, whose partial
+    softmaxes are merged in a fixed order (reproducible). The backward recomputes the scores from a per-node log-sum-exp
     (FlashAttention-style): besides the output, only ``O(N * H)`` floats and the ``O(E)``
     integer groupings of the edges are kept for it.
 

@@ -154,8 +154,8 @@ _edge_index_checked = TensorMemo()
 def _edge_index_in_range(edge_index, num_src, num_dst):
     """Checks ``edge_index`` against the node counts once per tensor (remembered until it changes)
     and returns True, or returns False where nothing may wait (tracing, CUDA-graph capture) and
-    :func:`graph_attention` checks its rows itself. ``edge_index[0]`` and ``edge_index[1]`` are new
-    views on every call, which its own memo would check (and on CUDA wait for) every time."""
+    :func:`graph_attention` checks its rows itself. (graph_attention's own memo also remembers the
+    views ``edge_index[0]``, ``edge_index[1]`` across calls; this keeps one entry for both.)"""
     if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     known = _edge_index_checked.get(edge_index)

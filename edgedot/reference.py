@@ -33,7 +33,12 @@ def graph_attention_reference(q, k, v, src_idx, dst_idx, *, scale=None, edge_fea
     bool ``[E, H]`` mask). Gathers ``[E, H, D]`` tensors and computes in the inputs' dtype (pass
     float64 inputs for an oracle).
 
-    Returns ``(out [Nd, H, Dv], alpha [E, H])``, ``alpha`` before dropout; differentiable.
+    A destination whose every score is ``-inf`` or NaN gets NaN; an edge with a ``-inf`` score
+    adds nothing to any gradient (the rule of :func:`edgedot.graph_attention`).
+
+    Returns ``(out [Nd, H, Dv], alpha [E, H])``, unlike :func:`edgedot.graph_attention`, which
+    returns ``out`` alone unless ``return_attention=True``; ``alpha`` before dropout;
+    differentiable.
     """
     src, dst = src_idx.long(), dst_idx.long()
     num_dst, heads = q.shape[0], q.shape[1]
@@ -41,7 +46,14 @@ def graph_attention_reference(q, k, v, src_idx, dst_idx, *, scale=None, edge_fea
     key, value = k[src], v[src]
     if edge_feat is not None:
         key, value = key + edge_feat, value + edge_feat
-    score = scale * (q[dst] * key).sum(-1)
+    query = q[dst]
+    score = scale * (query * key).sum(-1)
+    dead = (score == float("-inf")).detach()
+    if dead.any():
+        # Recomputed from zeroed rows, so that autograd's 0 * (infinite key) gives 0, not NaN.
+        query = query.masked_fill(dead[..., None], 0)
+        safe_key = key.masked_fill(dead[..., None], 0)
+        score = (scale * (query * safe_key).sum(-1)).masked_fill(dead, float("-inf"))
     # The per-destination maximum only keeps exp() in range; softmax does not depend on it.
     top = torch.full((num_dst, heads), float("-inf"), dtype=score.dtype, device=score.device)
     top = top.scatter_reduce(0, dst[:, None].expand(-1, heads), score.detach(), "amax").detach()

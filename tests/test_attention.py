@@ -165,6 +165,47 @@ def test_large_logits(device, offset, dtype):
     torch.testing.assert_close(sums[has_edges], torch.ones_like(sums[has_edges]), rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_finite_scores(device, dtype):
+    """One rule on every device: a destination whose every score is -inf (node 0) or -inf and
+    NaN (node 2) gets NaN output and NaN lse; a -inf edge into a node with finite scores (edge 4
+    into node 1) has alpha 0 and adds nothing to any gradient, though its key is infinite; a node
+    without edges (3) gets zeros and lse -inf. Gradients are finite wherever the output is."""
+    g = gen(17)
+    heads, dim = 2, 4
+    q, k, v = (rand_feat((n, heads, dim), torch.float64, device, g) for n in (4, 7, 7))
+    q[:, :, 0] = 1.0
+    k[[0, 1, 4, 6], :, 0] = float("-inf")
+    k[5, :, 0] = float("nan")
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 6, 2], device=device)
+    dst = torch.tensor([0, 0, 1, 1, 1, 2, 2, 1], device=device)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    scale = dim ** -0.5
+    out, lse, alpha = OP(q, k, v, None, src, dst, None, None, None, None, scale, 0.0, None, True, True)
+    assert torch.isnan(out[[0, 2]]).all() and torch.isnan(lse[[0, 2]]).all()
+    assert torch.isfinite(out[1]).all() and torch.isfinite(lse[1]).all()
+    assert torch.equal(out[3], torch.zeros_like(out[3])) and (lse[3] == float("-inf")).all()
+    assert (alpha[4] == 0).all() and torch.isfinite(alpha[[2, 3, 7]]).all()
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    finite_rows = torch.tensor([1, 3], device=device)
+    grad_out = rand_feat((2, heads, dim), dtype, device, g)
+    got = edgedot.graph_attention(*leaves, src, dst, scale=scale)
+    assert torch.equal(torch.isnan(got), torch.isnan(out))
+    dq, dk, dv = torch.autograd.grad(got[finite_rows], leaves, grad_out)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out64, alpha64 = edgedot.graph_attention_reference(*leaves64, src, dst, scale=scale)
+    assert torch.equal(torch.isnan(out64), torch.isnan(out)) and (alpha64[4] == 0).all()
+    want = torch.autograd.grad(out64[finite_rows], leaves64, grad_out.double())
+    live_src = torch.tensor([2, 3, 4], device=device)
+    for name, got_grad, want_grad, rows in (("dq", dq, want[0], finite_rows), ("dk", dk, want[1], live_src),
+                                            ("dv", dv, want[2], live_src)):
+        assert torch.isfinite(got_grad[rows]).all() and torch.isfinite(want_grad[rows]).all(), name
+        assert rel_error(got_grad[rows], want_grad[rows]) < (1e-12 if dtype == torch.float64 else 2e-2), name
+    assert torch.equal(dk[4], torch.zeros_like(dk[4])) and torch.equal(dv[4], torch.zeros_like(dv[4]))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_hub(device):
     """One destination with 100k incoming edges (several CPU chunks), plus a sparse rest."""

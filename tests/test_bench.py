@@ -46,6 +46,23 @@ def test_quick_run_report(quick_report):
                   "Attention targets", "L2 bandwidth"):
         assert title in stdout, title
     assert "default cold" in stdout and "default hot" in stdout
+    # A CPU / --quick run is not what the H200 targets were set for: shown, never scored.
+    targets = stdout[stdout.index("Attention targets"):]
+    assert "not scored" in targets and "MISS" not in targets and " ok" not in targets
+
+
+def test_targets_scored_only_on_their_card_at_full_size():
+    from edgedot.bench.report import targets_table
+    assert attention.targets_apply("NVIDIA H200", quick=False)
+    for device, quick in (("cpu", False), ("NVIDIA H200", True), ("NVIDIA A100-SXM4-80GB", False)):
+        assert not attention.targets_apply(device, quick), (device, quick)
+    cases = {"attn": {"targets": {"forward_us": [500.0, 450], "forward_backward_us": [1200.0, 1300],
+                                  "forward_vs_bound": [None, 1.5], "forward_backward_vs_forward": [2.4, 3.0],
+                                  "deterministic_vs_default": [1.0, 1.2],
+                                  "forward_backward_peak_bytes": [None, None]}}}
+    scored, unscored = "\n".join(targets_table(cases, True)), "\n".join(targets_table(cases, False))
+    assert "500/450 MISS" in scored and "1200/1300 ok" in scored and "not scored" not in scored
+    assert "500/450 n/a" in unscored and "MISS" not in unscored and "not scored" in unscored
 
 
 def test_quick_run_edge_dot(quick_report):

@@ -5,7 +5,8 @@ import torch
 
 import edgedot
 from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
-                   rand_feat, rand_index, reference, reference64, reference_grads, requires_cuda, skewed_index)
+                   rand_feat, rand_index, reference, reference64, reference_grads, rel_error, requires_cuda,
+                   skewed_index)
 
 pytestmark = requires_cuda
 
@@ -105,6 +106,37 @@ def test_check_indices_false_runs_on_side_stream_without_sync():
                     torch.float32)
 
 
+def test_cuda_index_views_wait_once():
+    """edge_dot's CUDA forward (its memo lives in the extension) waits for its range check once
+    for the views ``edge_index[0]``, ``edge_index[1]`` made anew each call, and again after an
+    in-place write to ``edge_index``."""
+    g = gen(3)
+    src, dst, src_idx, dst_idx = _static_inputs(False, g)
+    edge_index = torch.stack([src_idx.long(), dst_idx.long()])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+
+    def call_waits():
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s or more of GPU time
+            out = edgedot.edge_dot(src, dst, edge_index[0], edge_index[1])
+            waited = side.query()
+        side.synchronize()
+        return out, waited
+
+    assert call_waits()[1], "the first checked call must wait for its verdict"
+    for _ in range(3):
+        out, waited = call_waits()
+        assert not waited, "a view of an edge_index already checked waited again"
+    assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx),
+                    torch.float32)
+    edge_index[1, 0] = 0
+    assert call_waits()[1], "a write to edge_index must bring the check back"
+    edge_index[0, 1] = src.shape[0]
+    with pytest.raises(IndexError, match="src_idx"):
+        call_waits()
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_offsets_past_2_pow_31_elements(index_dtype):
     """Rows whose element offset exceeds 2**31, forward and both backward paths."""
@@ -139,6 +171,42 @@ def test_offsets_past_2_pow_31_elements(index_dtype):
         untouched[rows] = False
         assert src.grad[untouched].abs().max().item() == 0, kwargs
     del plan, src
+    torch.cuda.empty_cache()
+
+
+# Device memory the test below needs at its peak, in bytes: two int32 indices (8 B per edge), the
+# output and its gradient (8 B), the sort's keys and packed pairs in double buffers (24 B).
+NEAR_2_POW_31_PEAK_BYTES = 40 * (2**31 - 1000)
+
+
+def test_edge_count_near_2_pow_31():
+    """E = 2**31 - 1000 edges with int32 indices, D=1: within one grid stride of 2**31, where a
+    32-bit grid-stride counter wraps negative (and wrote before the sort's keys). Forward, then the
+    deterministic backward, which sorts the edges by row (sort_by_row.cu). About 86 GB."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < NEAR_2_POW_31_PEAK_BYTES + 8 * 2**30:
+        pytest.skip(f"needs about {NEAR_2_POW_31_PEAK_BYTES / 2**30:.0f} GiB of free GPU memory")
+    num_edges, num_src, num_dst = 2**31 - 1000, 1000, 700
+    g = gen(2031)
+    cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+    src = rand_feat((num_src, 1), torch.float32, "cuda", g, requires_grad=True)
+    dst = rand_feat((num_dst, 1), torch.float32, "cuda", g)
+    src_idx = torch.randint(0, num_src, (num_edges,), generator=cuda_gen, device="cuda", dtype=torch.int32)
+    dst_idx = torch.randint(0, num_dst, (num_edges,), generator=cuda_gen, device="cuda", dtype=torch.int32)
+    out = edgedot.edge_dot(src, dst, src_idx, dst_idx, deterministic=True)
+    want_grad = torch.zeros(num_src, 1, dtype=torch.float64, device="cuda")
+    chunk = 2**27
+    with torch.no_grad():
+        for start in range(0, num_edges, chunk):
+            s, d = src_idx[start:start + chunk].long(), dst_idx[start:start + chunk].long()
+            want = (src[s, 0].double() * dst[d, 0].double())
+            assert torch.allclose(out[start:start + chunk].double(), want, rtol=1e-6, atol=0), start
+            want_grad.index_add_(0, s, dst[d].double())
+        del s, d, want
+    out.backward(torch.ones_like(out))  # grad_src[r] = sum of dst[d] over the edges of row r
+    del out
+    assert rel_error(src.grad, want_grad) < 1e-4
+    del src_idx, dst_idx
     torch.cuda.empty_cache()
 
 

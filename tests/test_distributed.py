@@ -88,7 +88,7 @@ def _worker(rank, world_size, init_file, device):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     torch.use_deterministic_algorithms(True)
     try:
-        for case in (_case_errors, _case_uneven_reuse, _case_heads, _case_same_table, _case_local_edges,
+        for case in (_case_errors, _case_shard_signatures, _case_uneven_reuse, _case_heads, _case_same_table, _case_local_edges,
                      _case_float32, _case_subgroup):
             case(rank, world_size, device)
             dist.barrier()
@@ -324,3 +324,50 @@ def _case_errors(rank, world_size, device):
         plan(torch.zeros(rows, 4, device=device), torch.zeros(rows, 4, device=device, dtype=torch.float64))
     with pytest.raises(ValueError, match="feature sizes differ"):
         plan(torch.zeros(rows, 4, device=device), torch.zeros(rows, 3, device=device))
+
+
+def _case_shard_signatures(rank, world_size, device):
+    """Shards of equal row bytes but another dtype or width on one rank raise on every rank, naming
+    the argument; so do shards one rank alone refuses. A signature is agreed once: calls that
+    repeat it exchange nothing more."""
+    num = 10
+    off = [0] + [num * (r + 1) // world_size for r in range(world_size)]
+    rows = off[rank + 1] - off[rank]
+    idx = torch.arange(num, device=device) % max(num, 1)
+    plan = ShardedEdgeDot(idx, idx.flip(0), off, off)
+    last = world_size - 1
+    f32 = torch.zeros(rows, 4, device=device)
+    cases = [
+        # (both shards of the last rank: 16-byte rows like f32's, error, message on every rank)
+        (torch.zeros(rows, 2, device=device, dtype=torch.float64), TypeError, "src_shard dtype differs"),
+        (torch.zeros(rows, 8, device=device, dtype=torch.float16), TypeError, "src_shard dtype differs"),
+        (torch.zeros(rows, 2, 2, device=device), ValueError, "src_shard feature shape"),
+        (torch.zeros(rows + 1, 4, device=device), ValueError, None),  # refused on the last rank alone
+    ]
+    for bad, error, message in cases:
+        with pytest.raises(error) as info:
+            plan(*(bad, bad) if rank == last else (f32, f32))
+        if message is not None:
+            assert message in str(info.value), (rank, str(info.value))
+        elif rank != last:
+            assert f"rank {last}" in str(info.value), (rank, str(info.value))
+    # The group is still usable, and an agreed signature is not agreed again.
+    reduces = []
+    real_all_reduce = dist.all_reduce
+
+    def counted(*args, **kwargs):
+        reduces.append(args[0].numel())
+        return real_all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        src = torch.arange(num * 4, dtype=torch.float32, device=device).view(num, 4)
+        want = edgedot.edge_dot(src, src, idx, idx.flip(0))
+        for _ in range(3):
+            got = plan(src[off[rank]:off[rank + 1]], src[off[rank]:off[rank + 1]])
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert len(reduces) == 1, reduces
+        plan(src[off[rank]:off[rank + 1]].double(), src[off[rank]:off[rank + 1]].double())
+        assert len(reduces) == 2, reduces
+    finally:
+        dist.all_reduce = real_all_reduce

@@ -350,6 +350,95 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
         _call(_with(a, src_idx=src_view))
 
 
+@pytest.fixture
+def count_range_checks(monkeypatch):
+    """Counts the passes over index tensors (each a wait for the device on CUDA) that edge_dot's
+    CPU path and graph_attention make."""
+    from edgedot import _attention_ops, _checks, ops
+    calls = []
+
+    def counted(name, idx, num_rows):
+        calls.append(name)
+        return _checks.check_index_range(name, idx, num_rows)
+
+    monkeypatch.setattr(ops, "check_index_range", counted)
+    monkeypatch.setattr(_attention_ops, "check_index_range", counted)
+    return calls
+
+
+def _attention_args(device):
+    g = gen(5)
+    q = rand_feat((NUM_DST, 2, DIM), torch.float32, device, g)
+    k, v = (rand_feat((NUM_SRC, 2, DIM), torch.float32, device, g) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("op", ["edge_dot", "graph_attention"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_views_made_anew_each_call_are_checked_once(device, op, count_range_checks):
+    """``edge_index[0]`` is a new tensor object on every call: its range is still learned once per
+    index (remembered on the base and the view's place in it), relearned after an in-place write."""
+    if op == "edge_dot" and device == "cuda":
+        pytest.skip("the CUDA forward keeps its memo in the extension: test_cuda_index_views_wait_once")
+    a = _good(device)
+    edge_index = torch.stack([a["src_idx"], a["dst_idx"].long()])
+    q, k, v = _attention_args(device)
+
+    def call():
+        if op == "edge_dot":
+            return _call(_with(a, src_idx=edge_index[0], dst_idx=edge_index[1]))
+        return edgedot.graph_attention(q, k, v, edge_index[0], edge_index[1])
+
+    first = call()
+    for _ in range(4):
+        torch.testing.assert_close(call(), first, rtol=0, atol=0)
+    assert count_range_checks == ["src_idx", "dst_idx"]
+    edge_index[1, 2] = 0  # in range, but a write: both views' entries are stale
+    call()
+    assert count_range_checks == ["src_idx", "dst_idx"] * 2
+    edge_index[0, 3] = NUM_SRC
+    with pytest.raises(IndexError, match="src_idx"):
+        call()
+
+
+def test_memo_never_answers_for_changed_or_reused_memory():
+    """An entry dies with its base; a tensor sharing memory without the version counter (``.data``,
+    a compiled graph's reinterpreted views) is never trusted; views differing in offset, length,
+    stride or dtype are distinct."""
+    from edgedot._checks import TensorMemo
+    memo = TensorMemo()
+    base = torch.arange(12)
+    memo.put(base[2:8], "fact")
+    assert memo.get(base[2:8]) == "fact"
+    for other in (base[3:9], base[2:7], base[2:8:2], base.view(torch.int32)[4:16], base[2:8].clone()):
+        assert memo.get(other) is None
+    alias = base.data  # shares the memory, not the version counter
+    memo.put(alias, "alias fact")
+    base.add_(1)
+    assert memo.get(base.data) is None and memo.get(base[2:8]) is None
+    del base, alias
+    assert not memo._entries
+    # Freed memory that a new tensor reuses (the allocator hands out the same block) never matches.
+    for _ in range(20):
+        fresh = torch.arange(12)
+        assert memo.get(fresh[2:8]) is None
+        memo.put(fresh[2:8], "fresh")
+        del fresh
+    assert not memo._entries
+
+
+def test_compiled_views_are_checked_not_trusted():
+    """Under torch.compile the index views reach the op as new tensors with a version counter of
+    their own: an in-place write between calls must still be caught."""
+    a = _good("cpu")
+    edge_index = torch.stack([a["src_idx"], a["dst_idx"].long()])
+    fn = torch.compile(lambda s, d, ei: edgedot.edge_dot(s, d, ei[0], ei[1]), fullgraph=True)
+    fn(a["src_feat"], a["dst_feat"], edge_index)
+    edge_index[0, 3] = NUM_SRC
+    with pytest.raises(IndexError, match="src_idx"):
+        fn(a["src_feat"], a["dst_feat"], edge_index)
+
+
 @requires_cuda
 def test_cuda_memo_of_many_graphs_stays_correct():
     """More index tensors than the extension remembers: each is checked or known, never confused."""

@@ -167,12 +167,38 @@ def test_cli_compares_models():
     assert error < 1e-3
 
 
+def test_evaluate_without_cuda_says_so(tmp_path):
+    """``--evaluate`` where no CUDA device is visible: one line naming the need, a non-zero exit,
+    no traceback."""
+    problem = tmp_path / "problem.py"
+    problem.write_text("")
+    env = dict(_env(), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "edgedot.kernelbench", "--evaluate", str(problem)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "python -m edgedot.kernelbench --evaluate needs CUDA: no CUDA device found"], proc.stderr
+
+
+def test_harness_is_one_subpackage():
+    """The KernelBench harness lives in edgedot.kernelbench (modules and C++), the library's own
+    modules and csrc/ hold none of it, and the extension still builds the harness's sources."""
+    from edgedot import _build
+    package = REPO / "edgedot"
+    assert not (package / "kernelbench.py").exists() and not (package / "kernelbench_eval.py").exists()
+    assert not list((package / "csrc").glob("kernelbench*")) and not (package / "csrc" / "index_cast.cu").exists()
+    for path in ("kernelbench/csrc/kernelbench.cpp", "kernelbench/csrc/index_cast.cu"):
+        assert path in _build.SOURCES
+    for path in _build.SOURCES:
+        assert (package / path).is_file(), path
+
+
 def test_cuda_source_inlines_csrc():
     source = kb.cuda_source()
     assert '#include "' not in source
     assert "#pragma once" not in source
     for name in kb.EXPORT_SOURCES:
-        assert f"// ---- edgedot/csrc/{name} ----" in source
+        assert f"// ---- edgedot/{name} ----" in source
     assert "void launch_forward(" in source and "torch::Tensor kernelbench_forward(" in source
 
 
@@ -190,7 +216,7 @@ def test_python_string_round_trips(text):
 
 # ---- KernelBench's evaluator: every input cast to the run's precision, indices included ----
 
-kbe = pytest.importorskip("edgedot.kernelbench_eval")
+kbe = pytest.importorskip("edgedot.kernelbench.evaluation")
 
 
 def test_trial_seeds_follow_the_evaluator():
@@ -219,7 +245,7 @@ def _undefined_edges(precision, seed):
 def test_only_bfloat16_rounds_indices_out_of_the_tables(seed):
     """float32 and float16 hold every index of the seed problem exactly; bfloat16 rounds 1022 and
     1023 up to 1024 (766 and 767 to 768), rows the tables do not have: the reference itself fails
-    there, so the procedure judges the other edges (kernelbench_eval's docstring)."""
+    there, so the procedure judges the other edges (edgedot.kernelbench.evaluation's docstring)."""
     assert _undefined_edges("fp32", seed) == 0
     assert _undefined_edges("fp16", seed) == 0
     assert 20 < _undefined_edges("bf16", seed) < 200  # about 2/1024 + 2/768 of 16384 edges

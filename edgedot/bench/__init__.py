@@ -100,8 +100,9 @@ Peak extra memory
     ``torch.cuda.max_memory_allocated()`` during one call, after ``reset_peak_memory_stats()``,
     minus the memory allocated just before it: it includes the output (and gradients).
     Out of memory is reported as OOM, and the benchmark goes on. The attention targets table
-    compares edgedot with the issue's targets; on the Reddit-size case the notes say which paths
-    train within its 10 GB memory budget.
+    compares edgedot with targets set for the full-size cases on an NVIDIA H200 (ok / MISS); other
+    devices and ``--quick`` runs show them unscored (n/a). On the Reddit-size case the notes say
+    which paths train within its 10 GB memory budget.
 
 Statuses in place of a number: FAIL (wrong result), OOM (out of memory), n/a (the path does not
 apply; the reason is printed under the tables), ERR (the path raised; the message is printed).

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from .attention import TARGET_DEVICE, targets_apply
 from .cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GRAPH_REPLAY,
                     GRAPH_REPLAY_HOT)
 from .timing import CALLS_PER_GRAPH
@@ -121,18 +122,21 @@ def section_tables(cases, title, parts, metrics):
     return lines
 
 
-def target_cell(pair, formatter):
-    """``measured/target ok|MISS`` for a ``[measured, target]`` pair (no target: the value)."""
+def target_cell(pair, formatter, scored=True):
+    """``measured/target ok|MISS`` for a ``[measured, target]`` pair (no target: the value);
+    unscored, ``measured/target n/a``."""
     value, target = pair
     if value is None:
         return "n/a" if target is not None else "-"
     if target is None:
         return formatter(value)
-    return f"{formatter(value)}/{formatter(target)} " + ("ok" if value <= target else "MISS")
+    verdict = ("ok" if value <= target else "MISS") if scored else "n/a"
+    return f"{formatter(value)}/{formatter(target)} {verdict}"
 
 
-def targets_table(cases):
-    """The attention cases' targets (``attention.targets``), one row per case."""
+def targets_table(cases, scored=True):
+    """The attention cases' targets (``attention.targets``), one row per case; ``scored``: whether
+    the run is one the targets apply to (``attention.targets_apply``), else no verdicts."""
     columns = [("fwd us", "forward_us", "{:.0f}".format), ("f+b us", "forward_backward_us", "{:.0f}".format),
                ("fwd/bound", "forward_vs_bound", "{:.2f}".format),
                ("f+b/fwd", "forward_backward_vs_forward", "{:.2f}".format),
@@ -145,11 +149,14 @@ def targets_table(cases):
         if "targets" not in record:
             continue
         goals = record["targets"]
-        rows.append([name] + [target_cell(goals.get(key, [None, None]), formatter) for _, key, formatter in columns])
+        rows.append([name] + [target_cell(goals.get(key, [None, None]), formatter, scored) for _, key, formatter in columns])
     if not rows:
         return []
-    return (["", "Attention targets (edgedot's default path; measured/target; det/default: forward+backward)"]
-            + table_lines(["case"] + [title for title, _, _ in columns], rows, 20))
+    title = "Attention targets (edgedot's default path; measured/target; det/default: forward+backward)"
+    if not scored:
+        title += (f"; not scored: the targets are for the full-size cases on an NVIDIA {TARGET_DEVICE}, "
+                  "this run is not one")
+    return ["", title] + table_lines(["case"] + [title for title, _, _ in columns], rows, 20)
 
 
 def note_lines(cases):
@@ -206,7 +213,7 @@ def report_lines(report):
     lines += attention_case_table(report["cases"])
     for title, parts, metrics in TABLES:
         lines += section_tables(report["cases"], title, parts, metrics)
-    lines += targets_table(report["cases"])
+    lines += targets_table(report["cases"], targets_apply(report["device"], report["quick"]))
     lines += note_lines(report["cases"])
     lines += ["", f"kernel load {report['kernel_load_seconds']:.1f} s (not counted); "
                   f"benchmark {report['total_seconds']:.0f} s"]

@@ -63,8 +63,9 @@ bucket_count_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int64
   if (workspace[0] == 0) return;
   for (int b = threadIdx.x; b < buckets; b += blockDim.x) count[b] = 0;
   __syncthreads();
-  const int32_t stride = gridDim.x * blockDim.x;
-  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
+  // 64-bit counter: within one grid stride of 2**31 edges a 32-bit one would wrap negative.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
     atomicAdd(&count[bucket_of(row_idx[e], num_rows, shift, buckets)], 1);
   }
   __syncthreads();

@@ -54,7 +54,7 @@ struct PlanSide {
 // With an order (order.order not null), the edges are visited in that order when *order.used != 0.
 // round_products (half types, no order): each product is rounded to the feature type before it is
 // added (in float), as PyTorch's `(src * dst).sum(-1)` does; the seed problem's contract
-// (csrc/kernelbench.cpp).
+// (kernelbench/csrc/kernelbench.cpp).
 void launch_forward(const ForwardArgs& args, const EdgeOrder& order, ScalarKind scalar, IndexKind src_index,
                     IndexKind dst_index, cudaStream_t stream, bool round_products = false);
 
@@ -125,7 +125,7 @@ void launch_edge_order(const void* row_idx, IndexKind row_index, const void* oth
 // Index tensors held in a floating-point dtype (KernelBench casts every input to its precision),
 // truncated toward zero like Tensor.long(): out[i] from src_idx, out[num_edges + i] from dst_idx,
 // either pointer null to skip that half. A value that is not finite or lies outside int32 becomes
-// -1, which every kernel treats as out of range. One launch (csrc/index_cast.cu).
+// -1, which every kernel treats as out of range. One launch (kernelbench/csrc/index_cast.cu).
 void launch_cast_indices(const void* src_idx, const void* dst_idx, ScalarKind kind, int64_t num_edges, int32_t* out,
                          cudaStream_t stream);
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "common.cuh"
 
@@ -30,14 +31,24 @@ int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount
 int64_t l2_cache_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
 
 int blocks_per_sm(const void* kernel) {
+  // Per (kernel, device): the occupancy depends on the device's registers and shared memory, and
+  // a process may drive devices of different kinds.
+  struct KeyHash {
+    size_t operator()(const std::pair<const void*, int>& k) const {
+      return std::hash<const void*>()(k.first) ^ (std::hash<int>()(k.second) * 0x9e3779b97f4a7c15ull);
+    }
+  };
   static std::mutex mutex;
-  static std::unordered_map<const void*, int> cache;
+  static std::unordered_map<std::pair<const void*, int>, int, KeyHash> cache;
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::pair<const void*, int> key{kernel, device};
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(kernel);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int blocks = 0;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, 0);
-  return cache[kernel] = blocks > 0 ? blocks : 1;
+  return cache[key] = blocks > 0 ? blocks : 1;
 }
 
 }  // namespace edgedot

@@ -20,10 +20,11 @@ template <typename RowIdx>
 __global__ void __launch_bounds__(kBlockThreads)
 row_keys_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int32_t num_rows, int32_t* __restrict__ keys,
                 int32_t* __restrict__ positions) {
-  const int32_t stride = gridDim.x * blockDim.x;
-  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
+  // 64-bit counter: within one grid stride of 2**31 edges a 32-bit one would wrap negative.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
     keys[e] = row_key(row_idx[e], num_rows);
-    positions[e] = e;
+    positions[e] = static_cast<int32_t>(e);
   }
 }
 
@@ -34,13 +35,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 row_keys_packed_kernel(const RowIdx* __restrict__ row_idx, const OtherIdx* __restrict__ other_idx,
                        int64_t num_other_rows, const Word* __restrict__ grad_out, int heads, int32_t num_edges,
                        int32_t num_rows, int32_t* __restrict__ keys, uint64_t* __restrict__ pairs) {
-  const int32_t stride = gridDim.x * blockDim.x;
-  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
     keys[e] = row_key(row_idx[e], num_rows);
     const OtherIdx o = other_idx[e];
     uint32_t bits = 0;
     for (int h = 0; h < heads; ++h) {
-      bits |= static_cast<uint32_t>(grad_out[int64_t{e} * heads + h]) << (8 * sizeof(Word) * h);
+      bits |= static_cast<uint32_t>(grad_out[e * heads + h]) << (8 * sizeof(Word) * h);
     }
     pairs[e] = pack_edge(in_range(o, num_other_rows) ? static_cast<int32_t>(o) : -1, bits);
   }

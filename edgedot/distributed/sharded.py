@@ -13,7 +13,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from .._checks import check_feature, check_index_range, check_indices_pair, heads_of, output_shape
+from .._checks import (FEATURE_DTYPES, check_feature, check_index_range, check_indices_pair, heads_of,
+                       output_shape)
 from ..functional import edge_dot
 from ..ops import edge_dot_grad_op
 from ..plan import build_side
@@ -88,23 +89,29 @@ class ShardedEdgeDot:
             code, error = _VALUE_ERROR, exc
         except Exception as exc:  # whatever stops this rank must stop the others too
             code, error = _VALUE_ERROR, exc
-        self._agree(code, error, offsets)
+        differ = "differ between ranks of the group"
+        self._agree(code, error, _equal_on_every_rank(
+            ("src_row_offsets", size + 1, None if offsets is None else offsets[0], differ, ValueError),
+            ("dst_row_offsets", size + 1, None if offsets is None else offsets[1], differ, ValueError)))
 
         self.device = src_idx.device
         self._src = _Side("src", offsets[0], self.rank)
         self._dst = _Side("dst", offsets[1], self.rank)
         self._build(src_idx.long(), dst_idx.long())
+        self._agreed_signature = None  # the shards' dtypes and shapes every rank agreed on last
         self._bytes = dict.fromkeys(("forward_bytes_sent", "forward_bytes_received",
                                      "backward_bytes_sent", "backward_bytes_received"), 0)
 
-    def _agree(self, code, error, offsets):
-        """One all_reduce (MAX) of every rank's outcome and of the offsets and their negations:
-        raises on every rank if any rank failed or the offsets differ."""
+    def _agree(self, code, error, must_match):
+        """One all_reduce (MAX) of every rank's outcome code and of values that must be equal on
+        every rank, with their negations (``must_match``: :func:`_equal_on_every_rank`): raises on
+        every rank if any rank failed (this rank its own error, the others one naming that rank)
+        or the values differ."""
         size = self.world_size
-        vec = torch.zeros(size + 4 * (size + 1), dtype=torch.int64)
+        fields, values = must_match
+        vec = torch.zeros(size + 2 * values.numel(), dtype=torch.int64)
         vec[self.rank] = code
-        if offsets is not None:
-            vec[size:] = torch.cat([offsets[0], -offsets[0], offsets[1], -offsets[1]])
+        vec[size:] = torch.cat([values, -values])
         vec = vec.to(self._control)
         dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=self.group)
         vec = vec.cpu()
@@ -119,11 +126,13 @@ class ShardedEdgeDot:
                 raise IndexError(f"{name} on rank {rank} holds an index outside its table (see the error there)")
             kind = TypeError if what == _TYPE_ERROR else ValueError
             raise kind(f"ShardedEdgeDot: rank {rank} refused its arguments (see the error there)")
-        src_max, src_neg_min, dst_max, dst_neg_min = vec[size:].split(size + 1)
-        for name, hi, neg_lo in (("src_row_offsets", src_max, src_neg_min),
-                                 ("dst_row_offsets", dst_max, dst_neg_min)):
-            if not torch.equal(hi, -neg_lo):
-                raise ValueError(f"{name} differ between ranks of the group")
+        highest, negated_lowest = vec[size:].split(values.numel())
+        start = 0
+        for name, length, message, kind in fields:
+            stop = start + length
+            if not torch.equal(highest[start:stop], -negated_lowest[start:stop]):
+                raise kind(f"{name} {message}")
+            start = stop
 
     def _build(self, src_idx, dst_idx):
         """Requests, the row-id exchange and the compacted indices of both sides."""
@@ -191,9 +200,38 @@ class ShardedEdgeDot:
         dtypes and head broadcasting as in :func:`edgedot.edge_dot`, and the same feature shape
         and dtype on every rank. Collective: every rank calls it, and every rank runs the
         backward when any does (with shards that require gradients on every rank).
+
+        The first call, and every call whose shards' dtypes or shapes differ from the previous
+        call's, first agrees on them with every rank (one small all_reduce): a dtype or feature
+        shape that differs between ranks, or shards refused on any rank, raise on every rank,
+        naming the argument. Every rank must change its shards' signature in the same call.
         """
-        self._check_shards(src_shard, dst_shard)
+        signature = _shard_signature(src_shard, dst_shard)
+        if signature is None or signature != self._agreed_signature:
+            self._agree_on_shards(src_shard, dst_shard)
+            self._agreed_signature = signature
         return _ShardedEdgeDotFunction.apply(self, src_shard, dst_shard)
+
+    def _agree_on_shards(self, src_shard, dst_shard):
+        """Checks the shards here and agrees with every rank on their dtype and feature shape:
+        shards of equal row bytes but another dtype or width on one rank would be exchanged
+        without error and corrupt every result. Collective, once per new signature (the
+        shards' dtypes and shapes, remembered per plan): raises on every rank alike."""
+        code, error = _OK, None
+        try:
+            self._check_shards(src_shard, dst_shard)
+        except TypeError as exc:
+            code, error = _TYPE_ERROR, exc
+        except ValueError as exc:
+            code, error = _VALUE_ERROR, exc
+        ok = error is None
+        dtype_differs = "dtype differs between ranks of the group"
+        shape_differs = "feature shape (all but the rows) differs between ranks of the group"
+        self._agree(code, error, _equal_on_every_rank(
+            ("src_shard", 1, _dtype_code(src_shard) if ok else None, dtype_differs, TypeError),
+            ("dst_shard", 1, _dtype_code(dst_shard) if ok else None, dtype_differs, TypeError),
+            ("src_shard", 3, _feature_shape(src_shard) if ok else None, shape_differs, ValueError),
+            ("dst_shard", 3, _feature_shape(dst_shard) if ok else None, shape_differs, ValueError)))
 
     def stats(self):
         """Exchange sizes of this rank: ``remote_src_rows`` / ``remote_dst_rows`` (unique remote
@@ -341,6 +379,35 @@ class _ShardedEdgeDotFunction(torch.autograd.Function):
         grad_src, grad_dst = ctx.plan._backward(grad_out, (src_shard, dst_shard), (src_table, dst_table),
                                                 ctx.needs_input_grad[1:])
         return None, grad_src, grad_dst
+
+
+def _equal_on_every_rank(*fields):
+    """``(fields, values)`` for :meth:`ShardedEdgeDot._agree`. Each field is ``(name, length,
+    value, message, exception)``: ``value`` a tensor of ``length`` integers that must be equal on
+    every rank, or None where this rank could not compute it (its own error is raised instead);
+    ``exception(f"{name} {message}")`` is raised when it differs. ``length`` is the same on every
+    rank, so the ranks' vectors line up whatever failed."""
+    values = torch.cat([torch.zeros(length, dtype=torch.int64) if value is None else value.to(torch.int64)
+                        for _, length, value, _, _ in fields])
+    return [(name, length, message, kind) for name, length, _, message, kind in fields], values
+
+
+def _dtype_code(shard):
+    return torch.tensor([FEATURE_DTYPES.index(shard.dtype)])
+
+
+def _feature_shape(shard):
+    """``[dim, H, D]`` of a shard (``H`` 0 for a 2-D one): what must match across ranks."""
+    return torch.tensor([shard.dim(), shard.shape[1] if shard.dim() == 3 else 0, shard.shape[-1]])
+
+
+def _shard_signature(src_shard, dst_shard):
+    """What the ranks agreed on, as this rank passes it: dtypes, shapes and device of both shards
+    (None for anything but two tensors)."""
+    if not (isinstance(src_shard, torch.Tensor) and isinstance(dst_shard, torch.Tensor)):
+        return None
+    return (src_shard.dtype, tuple(src_shard.shape), src_shard.device,
+            dst_shard.dtype, tuple(dst_shard.shape), dst_shard.device)
 
 
 def _control_device(group):

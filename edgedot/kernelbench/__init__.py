@@ -1,5 +1,10 @@
 """The seed problem in KernelBench's format, and an exporter to one self-contained problem file.
 
+The KernelBench harness of the project, apart from the library: this module (the problem,
+``Model``, ``ModelNew``, the exporter), :mod:`edgedot.kernelbench.evaluation` (KernelBench's
+evaluation procedure) and ``csrc/`` (the problem's C++ entry point and its index cast, built
+into the library's one extension and inlined by the export).
+
 KernelBench evaluates a module that defines ``Model`` (the PyTorch reference), ``ModelNew`` (the
 custom kernel), ``get_inputs()`` and ``get_init_inputs()``. This module defines them for the
 problem edgedot grew from: ``out[e] = <src_feat[src_idx[e]], dst_feat[dst_idx[e]]>`` on a graph
@@ -10,8 +15,8 @@ dtype, as KernelBench's evaluator casts every input to the precision of its run)
 ``python -m edgedot.kernelbench --export PATH`` writes the same problem as one Python file that
 does not import edgedot: its ``ModelNew`` builds edgedot's CUDA forward kernel with
 ``torch.utils.cpp_extension.load_inline`` from sources inlined at export time, read from
-``edgedot/csrc``. ``--evaluate PATH`` runs KernelBench's evaluation procedure on such a file
-(:mod:`edgedot.kernelbench_eval`). Without arguments, it compares ``ModelNew`` with ``Model`` on
+``edgedot/csrc`` and ``edgedot/kernelbench/csrc``. ``--evaluate PATH`` runs KernelBench's
+evaluation procedure on such a file (:mod:`edgedot.kernelbench.evaluation`; needs CUDA). Without arguments, it compares ``ModelNew`` with ``Model`` on
 ``get_inputs()``.
 """
 
@@ -24,10 +29,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import __version__
-from ._build import CSRC, cuda_module
-from .functional import edge_dot
-from .reference import edge_dot_reference
+from .. import __version__
+from .._build import PACKAGE, cuda_module
+from ..functional import edge_dot
+from ..reference import edge_dot_reference
 
 __all__ = [
     "num_src_nodes", "num_dst_nodes", "num_edges", "feat_dim", "Model", "ModelNew", "get_inputs",
@@ -53,7 +58,7 @@ class ModelNew(nn.Module):
     KernelBench's evaluator casts every input to the precision of its run, the index tensors
     included, so ``ModelNew`` takes indices of any integer or floating dtype, truncated like
     ``.long()``. On CUDA, ``[N, D]`` features go to the extension's ``kernelbench_forward``
-    (``edgedot/csrc/kernelbench.cpp``, the entry point the export inlines): floating indices are
+    (``edgedot/kernelbench/csrc/kernelbench.cpp``, the entry point the export inlines): floating indices are
     converted in one launch, half types round each product before the sum as the reference does,
     and nothing waits for the GPU (an out-of-range index yields NaN, never a read outside the
     features). Elsewhere it calls :func:`edgedot.edge_dot`, which on the CPU always checks the
@@ -86,21 +91,22 @@ def get_init_inputs():
     return []
 
 
-# csrc files of the seed problem's entry point (kernelbench.cpp) and the kernels it calls, each
-# after the local headers it includes.
-EXPORT_SOURCES = ("edgedot.h", "common.cuh", "launch.cu", "forward.cu", "index_cast.cu", "kernelbench.cpp")
+# Sources (under edgedot/) of the seed problem's entry point (kernelbench.cpp) and the kernels it
+# calls, each after the local headers it includes.
+EXPORT_SOURCES = ("csrc/edgedot.h", "csrc/common.cuh", "csrc/launch.cu", "csrc/forward.cu",
+                  "kernelbench/csrc/index_cast.cu", "kernelbench/csrc/kernelbench.cpp")
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 _QUOTE_BEFORE_QUOTE_OR_END = re.compile(r'"(?="|\Z)')
 
-# The export's C++ declaration of its entry point, csrc/kernelbench.cpp's kernelbench_forward.
+# The export's C++ declaration of its entry point, kernelbench/csrc/kernelbench.cpp's kernelbench_forward.
 _DECLARATION = ("namespace edgedot { torch::Tensor kernelbench_forward(torch::Tensor src_feat, "
                 "torch::Tensor dst_feat, torch::Tensor src_idx, torch::Tensor dst_idx); } "
                 "using edgedot::kernelbench_forward;")
 
 
 def cuda_source():
-    """The CUDA translation unit the export inlines, read from ``edgedot/csrc`` now.
+    """The CUDA translation unit the export inlines, read from edgedot's sources now.
 
     The files of ``EXPORT_SOURCES`` in order, without their ``#include "..."`` lines of local
     headers and ``#pragma once``; the last, ``kernelbench.cpp``, defines the entry point
@@ -108,16 +114,17 @@ def cuda_source():
     does not come before it.
     """
     parts = []
-    for position, name in enumerate(EXPORT_SOURCES):
+    for position, path in enumerate(EXPORT_SOURCES):
+        inlined = {Path(before).name for before in EXPORT_SOURCES[:position]}
         lines = []
-        for line in (CSRC / name).read_text().splitlines():
+        for line in (PACKAGE / path).read_text().splitlines():
             include = _LOCAL_INCLUDE.match(line)
-            if include and include.group(1) not in EXPORT_SOURCES[:position]:
+            if include and include.group(1) not in inlined:
                 raise RuntimeError(
-                    f"csrc/{name} includes {include.group(1)!r}, which the export does not inline before it")
+                    f"{path} includes {include.group(1)!r}, which the export does not inline before it")
             if not include and not _PRAGMA_ONCE.match(line):
                 lines.append(line)
-        parts.append(f"// ---- edgedot/csrc/{name} ----\n" + "\n".join(lines).strip() + "\n")
+        parts.append(f"// ---- edgedot/{path} ----\n" + "\n".join(lines).strip() + "\n")
     return "\n".join(parts)
 
 
@@ -154,8 +161,8 @@ num_dst_nodes = $num_dst_nodes
 num_edges = $num_edges
 feat_dim = $feat_dim
 
-# edgedot/csrc/{$sources} without their local includes and
-# `#pragma once`. The entry point, kernelbench_forward, takes the inputs as KernelBench's evaluator
+# edgedot/{$sources} without their local includes
+# and `#pragma once`. The entry point, kernelbench_forward, takes the inputs as KernelBench's evaluator
 # passes them: indices of any integer or floating dtype (truncated like .long()), features in any
 # float type (half types round each product, as the reference does). It trusts the indices, as
 # the seed problem does: nothing checks them (an out-of-range one yields NaN, never a read outside
@@ -242,12 +249,14 @@ def main(argv=None):
         print(f"wrote {export(args.export)}")
         return
     if args.evaluate is not None:
-        from . import kernelbench_eval
+        if not torch.cuda.is_available():
+            raise SystemExit("python -m edgedot.kernelbench --evaluate needs CUDA: no CUDA device found")
+        from . import evaluation
 
-        problem = kernelbench_eval.load_problem(args.evaluate)
-        results = [kernelbench_eval.evaluate(problem, p) for p in args.precision or ["fp32", "fp16", "bf16"]]
+        problem = evaluation.load_problem(args.evaluate)
+        results = [evaluation.evaluate(problem, p) for p in args.precision or ["fp32", "fp16", "bf16"]]
         for result in results:
-            kernelbench_eval.report(result)
+            evaluation.report(result)
         raise SystemExit(0 if all(r.correct for r in results) else 1)
     inputs = get_inputs()
     expected = Model()(*inputs)
@@ -255,6 +264,3 @@ def main(argv=None):
     error = (got - expected).abs().max().item()
     print(f"ModelNew vs Model on {inputs[0].device}: max abs error {error:.3e}")
 
-
-if __name__ == "__main__":
-    main()
