@@ -1,0 +1,39 @@
+"""pytest plugin: PyG's own test files run against edgedot's layers.
+
+``python -m pytest -p swap_plugin <PyG test files>`` (with ``tests/pyg`` on ``sys.path``) makes
+every name by which those tests reach a swapped PyG layer (``torch_geometric.nn.TransformerConv``,
+``torch_geometric.nn.conv.TransformerConv``, the defining module's attribute) edgedot's class,
+before any test module is imported; the test bodies stay unchanged.
+"""
+
+import importlib
+
+import edgedot.nn
+
+# PyG class name -> edgedot's drop-in.
+SWAPPED = {"TransformerConv": edgedot.nn.TransformerConv}
+# Where PyG exposes each of them.
+_MODULES = ("torch_geometric.nn", "torch_geometric.nn.conv")
+
+
+def pytest_configure(config):
+    """Puts edgedot's classes in PyG's namespaces (the session is a separate process)."""
+    for name, cls in SWAPPED.items():
+        for module_name in _MODULES:
+            module = importlib.import_module(module_name)
+            assert hasattr(module, name), f"{module_name} has no {name} to swap"
+            setattr(module, name, cls)
+
+
+def pytest_report_header(config):
+    return f"edgedot swapped in for torch_geometric.nn.{{{', '.join(sorted(SWAPPED))}}}"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Fails the session if a collected test module holds PyG's class instead of edgedot's (a
+    swap that did not take would pass PyG's tests with PyG's own layer)."""
+    for module in {item.module for item in items if getattr(item, "module", None) is not None}:
+        for name, cls in SWAPPED.items():
+            found = getattr(module, name, cls)
+            if found is not cls:
+                raise RuntimeError(f"{module.__name__}.{name} is {found!r}, not edgedot's class")
