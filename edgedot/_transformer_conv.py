@@ -78,6 +78,8 @@ class TransformerConv(MessagePassing):
         self.lin_beta = Linear(3 * skip_width, 1, bias=False) if self.beta else None
         # One GEMM for query, key and value when both sides are the same tensor.
         self._fuse_qkv = in_src == in_dst != -1
+        # Whether the aggregation is the kernel's sum (what TorchScript may fuse).
+        self._sum_aggr = self.aggr in ("add", "sum")
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -112,11 +114,20 @@ class TransformerConv(MessagePassing):
         if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
             if fused_path(self):
                 return self._fused_forward(x, edge_index, edge_attr, return_attention_weights, plan)
+        if isinstance(x, Tensor):
+            x = (x, x)
+        # TorchScript: the fused kernel too on a [2, E] tensor, so that a scripted module gives
+        # the eager module's numbers (hooks and explain mode do not exist there).
+        if torch.jit.is_scripting() and isinstance(edge_index, Tensor) and self._sum_aggr:
+            if not edge_index.is_sparse and self._decomposed_layers == 1:
+                out, alpha = self._scripted_attention(x[0], x[1], edge_index, edge_attr,
+                                                      isinstance(return_attention_weights, bool))
+                if isinstance(return_attention_weights, bool):
+                    return out, (edge_index, alpha)
+                return out
 
         # PyG's exact path.
         H, C = self.heads, self.out_channels
-        if isinstance(x, Tensor):
-            x = (x, x)
         query = self.lin_query(x[1]).view(-1, H, C)
         key = self.lin_key(x[0]).view(-1, H, C)
         value = self.lin_value(x[0]).view(-1, H, C)
@@ -174,14 +185,7 @@ class TransformerConv(MessagePassing):
         adj = adjacency(edge_index, x_src.shape[0], x_dst.shape[0], self.flow)
         if edge_attr is None and self.lin_edge is not None:
             edge_attr = adj.edge_attr
-        edge_feat = None
-        if self.lin_edge is not None:
-            if edge_attr is None:
-                raise ValueError("edge_attr is required: the layer was built with edge_dim")
-            edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        elif edge_attr is not None:
-            raise ValueError("edge_attr was given but the layer was built without edge_dim")
-        query, key, value = self._qkv(x_src, x_dst)
+        query, key, value, edge_feat = self._project(x_src, x_dst, edge_attr)
         want_alpha = isinstance(return_attention_weights, bool)
         out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat,
                               dropout_p=self.dropout if self.training else 0.0, plan=plan,
@@ -190,17 +194,46 @@ class TransformerConv(MessagePassing):
         out = self._combine(out, x_dst)
         return (out, attention_weights(edge_index, alpha)) if want_alpha else out
 
-    @torch.jit.unused
-    def _qkv(self, x_src, x_dst):
+    def _scripted_attention(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: OptTensor,
+                            want_alpha: bool) -> Tuple[Tensor, Tensor]:
+        """The fused path under TorchScript: the op :func:`graph_attention` calls, on a
+        ``[2, E]`` ``edge_index``; ``(out, alpha)`` (``alpha`` empty unless ``want_alpha``)."""
+        query, key, value, edge_feat = self._project(x_src, x_dst, edge_attr)
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
+            (edge_index[1], edge_index[0])
+        dropout_p = self.dropout if self.training else 0.0
+        seed: Optional[Tensor] = None
+        if dropout_p > 0:
+            seed = torch.randint(-9223372036854775807 - 1, 9223372036854775807, [1], dtype=torch.long)[0]
+        out, _, alpha = torch.ops.edgedot.graph_attention(
+            query, key, value, edge_feat, src, dst, None, None, None, None, 1.0 / math.sqrt(self.out_channels),
+            float(dropout_p), seed, want_alpha, True)
+        return self._combine(out, x_dst), alpha
+
+    def _project(self, x_src: Tensor, x_dst: Tensor, edge_attr: OptTensor
+                 ) -> Tuple[Tensor, Tensor, Tensor, OptTensor]:
+        """Queries, keys, values ``[N, H, C]`` and the projected edge features."""
         heads, channels = self.heads, self.out_channels
         if x_src is x_dst and self._fuse_qkv:
-            lins = (self.lin_query, self.lin_key, self.lin_value)
-            weight = torch.cat([lin.weight for lin in lins])
-            bias = None if self.lin_query.bias is None else torch.cat([lin.bias for lin in lins])
+            weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
+            bias: OptTensor = None
+            if self.lin_query.bias is not None:
+                bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
             # [N, 3, H, C]: q, k, v are strided views of the one projection.
-            return F.linear(x_dst, weight, bias).view(-1, 3, heads, channels).unbind(1)
-        return (self.lin_query(x_dst).view(-1, heads, channels), self.lin_key(x_src).view(-1, heads, channels),
-                self.lin_value(x_src).view(-1, heads, channels))
+            qkv = F.linear(x_dst, weight, bias).view(-1, 3, heads, channels)
+            query, key, value = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        else:
+            query = self.lin_query(x_dst).view(-1, heads, channels)
+            key = self.lin_key(x_src).view(-1, heads, channels)
+            value = self.lin_value(x_src).view(-1, heads, channels)
+        edge_feat: OptTensor = None
+        if self.lin_edge is not None:
+            if edge_attr is None:
+                raise ValueError("edge_attr is required: the layer was built with edge_dim")
+            edge_feat = self.lin_edge(edge_attr).view(-1, heads, channels)
+        elif edge_attr is not None:
+            raise ValueError("edge_attr was given but the layer was built without edge_dim")
+        return query, key, value, edge_feat
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

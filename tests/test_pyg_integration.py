@@ -287,14 +287,18 @@ def test_attention_explainer_collects_attention():
     torch.testing.assert_close(explanation.edge_mask, alpha.max(dim=-1).values)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("device", DEVICES)
-def test_torchscript(device):
-    """A scripted module holding the layer runs PyG's path with the same numbers."""
+def test_torchscript(device, dtype):
+    """A scripted module holding the layer runs the fused op too: the eager module's numbers
+    bit for bit (PyG's tests compare them with allclose's default tolerance); dropout works in
+    training mode there."""
     g = gen(18)
-    _, ours = _pair(6, 4, device, heads=2, edge_dim=3, beta=True)
-    x = rand_feat((10, 6), torch.float64, device, g)
+    _, ours = _pair(6, 4, device, heads=2, edge_dim=3, beta=True, dropout=0.3)
+    ours = ours.to(dtype).eval()
+    x = rand_feat((10, 6), dtype, device, g)
     edge_index = _graph(10, 10, 35, device, g)
-    edge_attr = rand_feat((35, 3), torch.float64, device, g)
+    edge_attr = rand_feat((35, 3), dtype, device, g)
 
     class Holder(torch.nn.Module):
         def __init__(self):
@@ -305,9 +309,13 @@ def test_torchscript(device):
             return self.conv(x, edge_index, edge_attr, return_attention_weights=True)
 
     scripted = torch.jit.script(Holder())
-    out, (_, alpha) = scripted(x, edge_index, edge_attr)
+    assert "edgedot::graph_attention" in str(scripted.inlined_graph)
+    out, (ei, alpha) = scripted(x, edge_index, edge_attr)
     out_eager, (_, alpha_eager) = ours(x, edge_index, edge_attr, return_attention_weights=True)
-    assert rel_error(out, out_eager) <= 1e-12 and rel_error(alpha, alpha_eager) <= 1e-12
+    assert ei is edge_index and torch.equal(out, out_eager) and torch.equal(alpha, alpha_eager)
+    scripted.train()
+    dropped, _ = scripted(x, edge_index, edge_attr)
+    assert dropped.shape == out.shape and not torch.equal(dropped, out)
 
 
 def test_to_hetero_matches_pyg():
