@@ -71,22 +71,19 @@ __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneT
            "softmax", "Adjacency", "adjacency", "attention_weights",
            "fused_path"]
 
-# The hooks of MessagePassing: any of them needs PyG's own propagate (AttentionExplainer is one).
-_HOOK_DICTS = ("_propagate_forward_pre_hooks", "_propagate_forward_hooks", "_message_forward_pre_hooks",
-               "_message_forward_hooks", "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
-               "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks")
-
-
 def fused_path(layer):
     """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain
     mode (the edge mask multiplies PyG's messages), without message-passing hooks (they see
-    PyG's messages), with a sum aggregation and one decomposed layer. TorchScript never gets
-    here: the layers test ``torch.jit.is_scripting()`` first and script PyG's path."""
+    PyG's messages; AttentionExplainer's is one), with a sum aggregation and one decomposed
+    layer. TorchScript never gets here: the layers test ``torch.jit.is_scripting()`` first."""
     if not HAVE_PYG:
         return True
-    if layer._explain or layer.decomposed_layers > 1 or layer.aggr not in ("add", "sum"):
-        return False
-    return not any(getattr(layer, name) for name in _HOOK_DICTS)
+    # Runs on every call: plain attribute reads, no loop.
+    return not (layer._explain or layer._decomposed_layers > 1 or layer.aggr not in ("add", "sum")
+                or layer._propagate_forward_pre_hooks or layer._propagate_forward_hooks
+                or layer._message_forward_pre_hooks or layer._message_forward_hooks
+                or layer._aggregate_forward_pre_hooks or layer._aggregate_forward_hooks
+                or layer._message_and_aggregate_forward_pre_hooks or layer._message_and_aggregate_forward_hooks)
 
 
 class Adjacency(NamedTuple):
@@ -123,6 +120,9 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
     Raises ``TypeError`` / ``ValueError`` naming ``edge_index`` for anything else, and for sparse
     sizes other than ``(num_dst, num_src)``.
     """
+    if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided and edge_index.dim() == 2 \
+            and edge_index.shape[0] == 2:
+        return _dense(edge_index, num_src, num_dst, flow, None)  # the common case first: it runs on every call
     if isinstance(edge_index, SparseTensor):
         _check_sparse(edge_index, tuple(edge_index.sparse_sizes()), num_src, num_dst, flow)
         storage = edge_index.storage
@@ -149,9 +149,7 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
         elif flow == "target_to_source" and edge_index.is_sorted_by_row and num_rows is not None:
             dst_ptr = edge_index.get_indptr()
         edge_index = edge_index.as_tensor()
-    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
-    checked = _dense_in_range(edge_index, src, dst, num_src, num_dst, flow)
-    return Adjacency(src, dst, dst_ptr, None, checked)
+    return _dense(edge_index, num_src, num_dst, flow, dst_ptr)
 
 
 def attention_weights(edge_index, alpha, sparse_values=False):
@@ -211,6 +209,11 @@ def _sparse_adjacency(adj_t, num_dst):
         ref = weakref.ref(adj_t, lambda _, key=key: _sparse_derived.pop(key, None))
         _sparse_derived[key] = (ref, adj_t._version, result)
     return result
+
+
+def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    return Adjacency(src, dst, dst_ptr, None, _dense_in_range(edge_index, src, dst, num_src, num_dst, flow))
 
 
 # [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
