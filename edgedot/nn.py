@@ -31,17 +31,24 @@ class EdgeDot(torch.nn.Module):
 class InnerProductDecoder(torch.nn.Module):
     """Drop-in for ``torch_geometric.nn.models.InnerProductDecoder`` (graph auto-encoders).
 
-    ``forward(z, edge_index, sigmoid=True)`` scores the pairs of ``edge_index`` ([2, E]) as
-    ``<z[edge_index[0]], z[edge_index[1]]>`` through the fused kernel; ``forward_all`` scores
-    every pair as ``z @ z.T``.
+    ``forward(z, edge_index, sigmoid=True)`` scores the pairs of ``edge_index`` ([2, E] tensor or
+    PyG ``EdgeIndex``) as ``<z[edge_index[0]], z[edge_index[1]]>`` through the fused kernel;
+    ``forward_all`` scores every pair as ``z @ z.T``. Scriptable with ``torch.jit.script``, as
+    PyG's.
     """
 
-    def forward(self, z, edge_index, sigmoid=True):
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
-        value = edge_dot(z, z, edge_index[0], edge_index[1])
+    def forward(self, z: torch.Tensor, edge_index: torch.Tensor, sigmoid: bool = True) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            # edge_dot's Python entry is not scriptable: the op it dispatches to.
+            value = torch.ops.edgedot.edge_dot(z, z, edge_index[0], edge_index[1], None, None, False, True)
+        else:
+            if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+                raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
+            value = edge_dot(z, z, edge_index[0], edge_index[1])
         return torch.sigmoid(value) if sigmoid else value
 
-    def forward_all(self, z, sigmoid=True):
+    @torch.jit.export
+    def forward_all(self, z: torch.Tensor, sigmoid: bool = True) -> torch.Tensor:
+        """Scores of every pair of nodes, ``z @ z.T`` (through the sigmoid unless ``sigmoid=False``)."""
         adj = torch.matmul(z, z.t())
         return torch.sigmoid(adj) if sigmoid else adj

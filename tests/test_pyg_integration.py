@@ -383,3 +383,26 @@ torch.save(layer(x, edge_index, edge_attr), sys.argv[2])
         subprocess.run([sys.executable, "-c", script, f"{tmp}/in.pt", f"{tmp}/out.pt"], check=True)
         out = torch.load(f"{tmp}/out.pt")
     assert rel_error(out, theirs(x, edge_index, edge_attr)) <= 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inner_product_decoder_matches_pyg(device):
+    """PyG's decoder's numbers in float64 on a [2, E] tensor and an EdgeIndex; a scripted
+    decoder (forward and forward_all) gives the eager one's."""
+    from torch_geometric.nn.models import InnerProductDecoder as PyGDecoder
+
+    g = gen(21)
+    z = rand_feat((12, 5), torch.float64, device, g)
+    edge_index = _graph(12, 12, 30, device, g)
+    ours, theirs = edgedot.nn.InnerProductDecoder(), PyGDecoder()
+    assert repr(ours) == repr(theirs)
+    for sigmoid in (True, False):
+        expected = theirs(z, edge_index, sigmoid=sigmoid)
+        assert rel_error(ours(z, edge_index, sigmoid=sigmoid), expected) <= 1e-12
+        assert rel_error(ours(z, EdgeIndex(edge_index, sparse_size=(12, 12)), sigmoid=sigmoid), expected) <= 1e-12
+    scripted = torch.jit.script(ours)
+    z32 = z.float()
+    if device == "cpu":  # the same op on the CPU: bit for bit
+        assert torch.equal(scripted(z32, edge_index), ours(z32, edge_index))
+    torch.testing.assert_close(scripted(z32, edge_index), ours(z32, edge_index))
+    assert torch.equal(scripted.forward_all(z32, False), ours.forward_all(z32, False))

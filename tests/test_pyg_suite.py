@@ -1,5 +1,6 @@
-"""PyG's own tests of TransformerConv (and its explain tests that build one), unchanged, run
-against edgedot's layer: see tests/pyg/README.md for where the files come from."""
+"""PyG's own tests of TransformerConv (and its explain tests that build one) and of the
+auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes: see
+tests/pyg/README.md for where the files come from."""
 
 import os
 import pathlib
@@ -14,13 +15,15 @@ pytest.importorskip("torch_geometric")
 PYG_DIR = pathlib.Path(__file__).parent / "pyg"
 UPSTREAM = pathlib.Path(os.environ.get("EDGEDOT_PYG_TESTS", PYG_DIR / "upstream"))
 CONV_TEST = "test/nn/conv/test_transformer_conv.py"
+DECODER_TEST = "test/nn/models/test_autoencoder.py"
 
 
 def _test_files():
-    """PyG's TransformerConv test and every explain test file that builds a TransformerConv."""
+    """PyG's TransformerConv and auto-encoder tests and every explain test file that builds a
+    TransformerConv."""
     explain = sorted(p for p in (UPSTREAM / "test" / "explain").rglob("test_*.py")
                      if "TransformerConv" in p.read_text())
-    return [UPSTREAM / CONV_TEST] + explain
+    return [UPSTREAM / CONV_TEST, UPSTREAM / DECODER_TEST] + explain
 
 
 @pytest.mark.parametrize("full_test", ["0", "1"], ids=["FULL_TEST=0", "FULL_TEST=1"])
@@ -29,7 +32,9 @@ def test_pyg_tests_pass_with_edgedot_layer(full_test):
         pytest.skip(f"PyG's test files are not under {UPSTREAM} (tests/pyg/README.md says where to get them)")
     assert (UPSTREAM / "LICENSE").is_file(), "PyG's licence must accompany its test files"
     files = _test_files()
-    assert len(files) > 1, "no explain test of PyG builds a TransformerConv: wrong files?"
+    missing = [str(f) for f in files if not f.is_file()]
+    assert not missing, f"missing PyG test files: {missing}"
+    assert len(files) > 2, "no explain test of PyG builds a TransformerConv: wrong files?"
     root = pathlib.Path(__file__).parent.parent
     env = dict(os.environ, FULL_TEST=full_test,
                PYTHONPATH=os.pathsep.join([str(root), str(PYG_DIR), os.environ.get("PYTHONPATH", "")]))
