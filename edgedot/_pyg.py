@@ -1,0 +1,239 @@
+"""What a fused drop-in for a PyG message-passing layer needs, whichever layer it is.
+
+* :data:`MessagePassing`, :data:`Linear`: PyG's classes where ``torch_geometric`` imports (the layer
+  then is a real ``MessagePassing``: explainers, hooks, ``to_hetero``, TorchScript see it as PyG's
+  own), stand-ins otherwise (PyG stays optional; only the fused path exists then).
+* :func:`fused_path`: whether a call may take the fused kernel, or must run PyG's exact
+  ``propagate`` (explain mode, message-passing hooks, another aggregation, decomposed layers).
+* :func:`adjacency`: any adjacency PyG accepts (``[2, E]`` tensor, ``EdgeIndex``, ``torch.sparse``
+  COO/CSR/CSC, ``torch_sparse.SparseTensor``) as the kernels' ``(src, dst)`` index pair, with the
+  destination row pointer where the input is sorted by destination.
+* :func:`attention_weights`: what PyG returns as attention weights for that input.
+"""
+
+import weakref
+from typing import NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from ._checks import TensorMemo, check_index_range
+
+try:
+    from torch_geometric import EdgeIndex
+    from torch_geometric.nn.conv import MessagePassing
+    from torch_geometric.nn.dense.linear import Linear
+    from torch_geometric.typing import Adj, NoneType, OptTensor, PairTensor, SparseTensor
+    from torch_geometric.utils import softmax
+    HAVE_PYG = True
+except ImportError:  # PyG is optional: the layers then run their fused path only.
+    HAVE_PYG = False
+
+    class EdgeIndex:  # noqa: D101 - never instantiated: isinstance checks fail without PyG
+        pass
+
+    class SparseTensor:  # noqa: D101 - never instantiated: isinstance checks fail without PyG
+        pass
+
+    # PyG's type names, for the layers' TorchScript signatures.
+    Adj = Union[torch.Tensor, SparseTensor]
+    OptTensor = NoneType = Optional[torch.Tensor]
+    PairTensor = Tuple[torch.Tensor, torch.Tensor]
+    softmax = None  # PyG's edge softmax, used by the exact (PyG-only) path
+
+    class MessagePassing(torch.nn.Module):
+        """Stand-in for ``torch_geometric.nn.MessagePassing`` without PyG: takes its constructor
+        keywords (only a sum aggregation in one layer), has no hooks and no explain mode."""
+
+        def __init__(self, aggr="sum", *, aggr_kwargs=None, flow="source_to_target", node_dim=-2,
+                     decomposed_layers=1):
+            super().__init__()
+            if aggr not in ("add", "sum") or aggr_kwargs:
+                raise ValueError(f"aggr={aggr!r} needs torch_geometric installed (only 'add' without it)")
+            if flow not in ("source_to_target", "target_to_source"):
+                raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
+            if decomposed_layers != 1:
+                raise ValueError("decomposed_layers needs torch_geometric installed")
+            self.aggr, self.flow, self.node_dim, self.decomposed_layers = aggr, flow, node_dim, decomposed_layers
+            self.explain = None
+
+        def reset_parameters(self):
+            """Nothing to reset: the aggregation has no parameters."""
+
+    def Linear(in_channels, out_channels, bias=True):  # noqa: N802 - stands for PyG's class
+        """``torch.nn.Linear`` (``LazyLinear`` for PyG's ``in_channels=-1``): the same
+        initialisation as PyG's ``Linear`` (Kaiming-uniform with ``a=sqrt(5)``, bias uniform in
+        ``1/sqrt(fan_in)``)."""
+        if in_channels == -1:
+            return torch.nn.LazyLinear(out_channels, bias=bias)
+        return torch.nn.Linear(in_channels, out_channels, bias=bias)
+
+__all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
+           "softmax", "Adjacency", "adjacency", "attention_weights",
+           "fused_path"]
+
+def fused_path(layer):
+    """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain
+    mode (the edge mask multiplies PyG's messages), without message-passing hooks (they see
+    PyG's messages; AttentionExplainer's is one), with a sum aggregation and one decomposed
+    layer. TorchScript never gets here: the layers test ``torch.jit.is_scripting()`` first."""
+    if not HAVE_PYG:
+        return True
+    # Runs on every call: plain attribute reads, no loop.
+    return not (layer._explain or layer._decomposed_layers > 1 or layer.aggr not in ("add", "sum")
+                or layer._propagate_forward_pre_hooks or layer._propagate_forward_hooks
+                or layer._message_forward_pre_hooks or layer._message_forward_hooks
+                or layer._aggregate_forward_pre_hooks or layer._aggregate_forward_hooks
+                or layer._message_and_aggregate_forward_pre_hooks or layer._message_and_aggregate_forward_hooks)
+
+
+class Adjacency(NamedTuple):
+    """An adjacency as the fused kernels take it.
+
+    ``src``, ``dst``: 1-D index tensors, edge ``e`` from ``src[e]`` to ``dst[e]``, in the order
+    PyG's messages have for that input (so per-edge results line up with PyG's).
+    ``dst_ptr``: ``[num_dst + 1]`` row pointer where the edges are sorted by destination
+    (``dst[dst_ptr[n]:dst_ptr[n + 1]] == n``), else None.
+    ``edge_attr``: the edge features the input carries (values of a ``SparseTensor``, or of a
+    hybrid ``torch.sparse`` tensor), used where no ``edge_attr`` is passed, as PyG does; or None.
+    ``checked``: whether ``src`` and ``dst`` are known to lie in range (the kernel need not check).
+    """
+    src: torch.Tensor
+    dst: torch.Tensor
+    dst_ptr: Optional[torch.Tensor]
+    edge_attr: Optional[torch.Tensor]
+    checked: bool
+
+
+def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
+    """``edge_index`` in any form PyG's ``propagate`` accepts, as an :class:`Adjacency` for
+    ``num_src`` source and ``num_dst`` destination nodes.
+
+    * a ``[2, E]`` integer tensor: sources in row 0 (row 1 with ``flow="target_to_source"``),
+      range-checked once per tensor (remembered until it changes);
+    * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination;
+    * a ``torch.sparse`` tensor (COO, CSR or CSC) or a ``torch_sparse.SparseTensor``: the
+      *transposed* adjacency, ``[num_dst, num_src]`` (rows are destinations); a CSR layout and a
+      ``SparseTensor`` give the row pointer, a coalesced COO one gets one. The index tensors of a
+      ``torch.sparse`` input are derived once per tensor, so that the kernel's own range check
+      (once per index tensor) holds across calls.
+
+    Raises ``TypeError`` / ``ValueError`` naming ``edge_index`` for anything else, and for sparse
+    sizes other than ``(num_dst, num_src)``.
+    """
+    if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided and edge_index.dim() == 2 \
+            and edge_index.shape[0] == 2:
+        return _dense(edge_index, num_src, num_dst, flow, None)  # the common case first: it runs on every call
+    if isinstance(edge_index, SparseTensor):
+        _check_sparse(edge_index, tuple(edge_index.sparse_sizes()), num_src, num_dst, flow)
+        storage = edge_index.storage
+        value = storage.value()
+        return Adjacency(storage.col(), storage.row(), storage.rowptr(), value, False)
+    if not isinstance(edge_index, torch.Tensor):
+        raise TypeError(f"edge_index must be a [2, E] tensor, a torch.sparse tensor or a SparseTensor, "
+                        f"got {type(edge_index).__name__}")
+    if edge_index.layout != torch.strided:
+        _check_sparse(edge_index, tuple(edge_index.shape[:2]), num_src, num_dst, flow)
+        return _sparse_adjacency(edge_index, num_dst)
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"edge_index must be [2, E], got shape {tuple(edge_index.shape)}")
+    dst_ptr = None
+    if isinstance(edge_index, EdgeIndex):
+        num_rows, num_cols = edge_index.sparse_size()
+        if (num_rows, num_cols) != (None, None):
+            expected = (num_src, num_dst) if flow == "source_to_target" else (num_dst, num_src)
+            if (num_rows, num_cols) != expected:
+                raise ValueError(f"edge_index is an EdgeIndex of sparse size {(num_rows, num_cols)}, "
+                                 f"expected {expected} for these node features")
+        if flow == "source_to_target" and edge_index.is_sorted_by_col and num_cols is not None:
+            dst_ptr = edge_index.get_indptr()
+        elif flow == "target_to_source" and edge_index.is_sorted_by_row and num_rows is not None:
+            dst_ptr = edge_index.get_indptr()
+        edge_index = edge_index.as_tensor()
+    return _dense(edge_index, num_src, num_dst, flow, dst_ptr)
+
+
+def attention_weights(edge_index, alpha, sparse_values=False):
+    """What PyG's attention layers return as ``(edge_index, alpha)`` for ``edge_index``:
+    ``edge_index.set_value(alpha, layout="coo")`` for a ``SparseTensor``; ``(edge_index, alpha)``
+    for a tensor, or with ``sparse_values`` (``GATConv``'s convention) ``(adj, alpha)`` where a
+    ``torch.sparse`` ``edge_index`` becomes ``adj``, the same sparsity holding ``alpha``."""
+    if isinstance(edge_index, SparseTensor):
+        return edge_index.set_value(alpha, layout="coo")
+    if sparse_values and edge_index.layout != torch.strided:
+        from torch_geometric.utils import set_sparse_value
+        return set_sparse_value(edge_index, alpha), alpha
+    return edge_index, alpha
+
+
+def _check_sparse(edge_index, sizes, num_src, num_dst, flow):
+    if flow != "source_to_target":
+        raise ValueError("flow='target_to_source' cannot take a sparse edge_index: pass the transposed "
+                         "adjacency instead (as PyG requires)")
+    if sizes != (num_dst, num_src):
+        raise ValueError(f"edge_index is a sparse adjacency of size {sizes}, expected (num_dst, num_src) = "
+                         f"{(num_dst, num_src)}: pass the transposed adjacency adj.t()")
+
+
+# torch.sparse inputs and the Adjacency derived from each (id -> (weakref, version, Adjacency)).
+_sparse_derived = {}
+
+
+def _sparse_adjacency(adj_t, num_dst):
+    """The (src, dst, dst_ptr, edge_attr) of a ``torch.sparse`` ``[num_dst, num_src]`` tensor, in
+    its storage order (PyG's ``to_edge_index``), derived once per tensor object."""
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        entry = _sparse_derived.get(id(adj_t))
+        if entry is not None and entry[0]() is adj_t and entry[1] == adj_t._version:
+            return entry[2]
+    layout = adj_t.layout
+    if layout == torch.sparse_coo:
+        indices, values = adj_t._indices(), adj_t._values()
+        dst, src = indices[0], indices[1]
+        # Coalesced means sorted by (row, column): by destination.
+        dst_ptr = (torch._convert_indices_from_coo_to_csr(dst, num_dst, out_int32=dst.dtype == torch.int32)
+                   if adj_t.is_coalesced() else None)
+    elif layout == torch.sparse_csr:
+        dst_ptr, values = adj_t.crow_indices(), adj_t.values()
+        src = adj_t.col_indices()
+        dst = torch._convert_indices_from_csr_to_coo(dst_ptr, src, out_int32=src.dtype == torch.int32)[0]
+    elif layout == torch.sparse_csc:
+        src_ptr, values, dst_ptr = adj_t.ccol_indices(), adj_t.values(), None
+        dst = adj_t.row_indices()
+        src = torch._convert_indices_from_csr_to_coo(src_ptr, dst, out_int32=dst.dtype == torch.int32)[0]
+    else:
+        raise ValueError(f"edge_index has an unsupported sparse layout {layout}")
+    result = Adjacency(src, dst, dst_ptr, values if values.dim() > 1 else None, False)
+    if not compiling:
+        key = id(adj_t)
+        ref = weakref.ref(adj_t, lambda _, key=key: _sparse_derived.pop(key, None))
+        _sparse_derived[key] = (ref, adj_t._version, result)
+    return result
+
+
+def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    return Adjacency(src, dst, dst_ptr, None, _dense_in_range(edge_index, src, dst, num_src, num_dst, flow))
+
+
+# [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
+_dense_checked = TensorMemo()
+
+
+def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
+    """Checks a ``[2, E]`` ``edge_index`` against the node counts once per tensor (remembered
+    until it changes) and returns True, or returns False where nothing may wait (tracing,
+    CUDA-graph capture) and the kernel checks its rows itself. Its rows are new views on every
+    call, which the kernel's own memo would check (and on CUDA wait for) every time."""
+    if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    if edge_index.dtype not in (torch.int32, torch.int64):
+        return False  # the kernel refuses it with its own error
+    known = _dense_checked.get(edge_index)
+    if known is None or known[0] > num_src or known[1] > num_dst or known[2] != flow:
+        src_name, dst_name = ("edge_index[0]", "edge_index[1]") if flow == "source_to_target" else \
+            ("edge_index[1]", "edge_index[0]")
+        check_index_range(src_name, src, num_src)
+        check_index_range(dst_name, dst, num_dst)
+        _dense_checked.put(edge_index, (num_src, num_dst, flow))
+    return True

@@ -1,0 +1,240 @@
+"""``edgedot.nn.TransformerConv``: PyG's ``TransformerConv`` with its attention fused into
+:func:`edgedot.graph_attention`."""
+
+import math
+import typing
+from typing import Any, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, SparseTensor, adjacency,
+                   attention_weights, fused_path, softmax)
+from .attention import graph_attention
+
+if typing.TYPE_CHECKING:
+    from typing import overload
+else:
+    from torch.jit import _overload_method as overload
+
+# No __all__: PyG's generated propagate does ``from edgedot._transformer_conv import *`` and needs
+# the type names (OptTensor, ...) imported here.
+
+
+class TransformerConv(MessagePassing):
+    """Drop-in for ``torch_geometric.nn.TransformerConv`` (graph transformer, Shi et al. 2021),
+    its attention computed by :func:`edgedot.graph_attention`.
+
+    With PyG installed this is a ``torch_geometric.nn.MessagePassing`` with PyG's constructor
+    (``**kwargs`` go to ``MessagePassing``), parameters (``lin_key``, ``lin_query``,
+    ``lin_value``, ``lin_edge``, ``lin_skip``, ``lin_beta``: state dicts load both ways),
+    initialisation (the same seed gives the same weights as PyG's layer), ``__repr__``,
+    ``reset_parameters``, ``_alpha`` and ``message``; without PyG it is a ``torch.nn.Module``
+    with the fused path only.
+
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None, plan=None)``: ``x`` a
+    tensor or a pair ``(x_src, x_dst)``; ``edge_index`` a ``[2, E]`` tensor (sources in row 0),
+    a PyG ``EdgeIndex``, a transposed ``torch.sparse`` adjacency (COO, CSR or CSC,
+    ``[num_dst, num_src]``) or a transposed ``torch_sparse.SparseTensor``, whose values serve as
+    ``edge_attr`` when none is given. With ``return_attention_weights`` a bool it returns what
+    PyG returns: ``(out, (edge_index, alpha))``, or ``(out, adj)`` holding ``alpha`` for a
+    ``SparseTensor``; ``alpha`` ``[E, heads]`` is in the order of the input's edges, before
+    dropout. Dropout on the attention applies in training mode only.
+
+    ``plan``: an :class:`edgedot.EdgePlan` of a ``[2, E]`` graph (``EdgePlan(edge_index[0],
+    edge_index[1], num_src, num_dst)``), reused across steps.
+
+    The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode
+    (GNNExplainer's edge masks get their gradients), with message-passing hooks (e.g.
+    AttentionExplainer's), with another ``aggr`` or ``decomposed_layers > 1``. The exact path is
+    PyG's ``propagate`` and ``message``; there ``alpha`` is differentiable and ``plan`` unused.
+    Unlike PyG, the fused path raises ``ValueError`` for ``edge_attr`` without ``edge_dim``.
+    """
+    _alpha: OptTensor
+
+    def __init__(self, in_channels, out_channels, heads=1, concat=True, beta=False, dropout=0., edge_dim=None,
+                 bias=True, root_weight=True, **kwargs):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        self._alpha = None
+        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        width = heads * out_channels
+        # Created in PyG's order, so that a seed gives PyG's initial weights.
+        self.lin_key = Linear(in_src, width, bias=bias)
+        self.lin_query = Linear(in_dst, width, bias=bias)
+        self.lin_value = Linear(in_src, width, bias=bias)
+        self.lin_edge = None if edge_dim is None else Linear(edge_dim, width, bias=False)
+        skip_width = width if concat else out_channels
+        self.lin_skip = Linear(in_dst, skip_width, bias=bias)
+        self.lin_beta = Linear(3 * skip_width, 1, bias=False) if self.beta else None
+        # One GEMM for query, key and value when both sides are the same tensor.
+        self._fuse_qkv = in_src == in_dst != -1
+        # Whether the aggregation is the kernel's sum (what TorchScript may fuse).
+        self._sum_aggr = self.aggr in ("add", "sum")
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Re-initialises every linear layer as PyG's layer does (same order, same draws)."""
+        super().reset_parameters()
+        for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip, self.lin_beta):
+            if lin is not None:
+                lin.reset_parameters()
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Adj, edge_attr: OptTensor = None,
+                return_attention_weights: NoneType = None, plan: Any = None) -> Tensor:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Tensor,  # noqa: F811
+                edge_attr: OptTensor = None, return_attention_weights: bool = None,
+                plan: Any = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: SparseTensor,  # noqa: F811
+                edge_attr: OptTensor = None, return_attention_weights: bool = None,
+                plan: Any = None) -> Tuple[Tensor, SparseTensor]:
+        pass
+
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Adj, edge_attr: OptTensor = None,  # noqa: F811
+                return_attention_weights: Optional[bool] = None, plan: Any = None
+                ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        """The layer's output (see the class); ``(out, attention weights)`` when
+        ``return_attention_weights`` is a bool."""
+        if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
+            if fused_path(self):
+                return self._fused_forward(x, edge_index, edge_attr, return_attention_weights, plan)
+        if isinstance(x, Tensor):
+            x = (x, x)
+        # TorchScript: the fused kernel too on a [2, E] tensor, so that a scripted module gives
+        # the eager module's numbers (hooks and explain mode do not exist there).
+        if torch.jit.is_scripting() and isinstance(edge_index, Tensor) and self._sum_aggr:
+            if not edge_index.is_sparse and self._decomposed_layers == 1:
+                out, alpha = self._scripted_attention(x[0], x[1], edge_index, edge_attr,
+                                                      isinstance(return_attention_weights, bool))
+                if isinstance(return_attention_weights, bool):
+                    return out, (edge_index, alpha)
+                return out
+
+        # PyG's exact path.
+        H, C = self.heads, self.out_channels
+        query = self.lin_query(x[1]).view(-1, H, C)
+        key = self.lin_key(x[0]).view(-1, H, C)
+        value = self.lin_value(x[0]).view(-1, H, C)
+
+        # propagate_type: (query: Tensor, key:Tensor, value: Tensor,
+        #                  edge_attr: OptTensor)
+        out = self.propagate(edge_index, query=query, key=key, value=value, edge_attr=edge_attr)
+        alpha = self._alpha
+        self._alpha = None
+        out = self._combine(out, x[1])
+
+        if isinstance(return_attention_weights, bool):
+            assert alpha is not None
+            if isinstance(edge_index, Tensor):
+                return out, (edge_index, alpha)
+            elif isinstance(edge_index, SparseTensor):
+                return out, edge_index.set_value(alpha, layout='coo')
+        else:
+            return out
+
+    def message(self, query_i: Tensor, key_j: Tensor, value_j: Tensor, edge_attr: OptTensor, index: Tensor,
+                ptr: OptTensor, size_i: Optional[int]) -> Tensor:
+        """PyG's message: softmax attention of each edge, ``alpha`` kept in ``_alpha``."""
+        if self.lin_edge is not None:
+            assert edge_attr is not None
+            edge_attr = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+            key_j = key_j + edge_attr
+        alpha = (query_i * key_j).sum(dim=-1) / math.sqrt(self.out_channels)
+        alpha = softmax(alpha, index, ptr, size_i)
+        self._alpha = alpha
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        out = value_j
+        if edge_attr is not None:
+            out = out + edge_attr
+        return out * alpha.view(-1, self.heads, 1)
+
+    def _combine(self, out: Tensor, x_dst: Tensor) -> Tensor:
+        """Heads concatenated or averaged, then the skip connection (gated with ``beta``)."""
+        if self.concat:
+            out = out.reshape(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = beta * x_r + (1 - beta) * out
+            else:
+                out = out + x_r
+        return out
+
+    @torch.jit.unused
+    def _fused_forward(self, x, edge_index, edge_attr, return_attention_weights, plan):
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        adj = adjacency(edge_index, x_src.shape[0], x_dst.shape[0], self.flow)
+        if edge_attr is None and self.lin_edge is not None:
+            edge_attr = adj.edge_attr
+        query, key, value, edge_feat = self._project(x_src, x_dst, edge_attr)
+        want_alpha = isinstance(return_attention_weights, bool)
+        out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat,
+                              dropout_p=self.dropout if self.training else 0.0, plan=plan,
+                              dst_ptr=adj.dst_ptr if plan is None else None,
+                              check_indices=not adj.checked, return_attention=want_alpha)
+        out, alpha = out if want_alpha else (out, None)
+        out = self._combine(out, x_dst)
+        return (out, attention_weights(edge_index, alpha)) if want_alpha else out
+
+    def _scripted_attention(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: OptTensor,
+                            want_alpha: bool) -> Tuple[Tensor, Tensor]:
+        """The fused path under TorchScript: the op :func:`graph_attention` calls, on a
+        ``[2, E]`` ``edge_index``; ``(out, alpha)`` (``alpha`` empty unless ``want_alpha``)."""
+        query, key, value, edge_feat = self._project(x_src, x_dst, edge_attr)
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
+            (edge_index[1], edge_index[0])
+        dropout_p = self.dropout if self.training else 0.0
+        seed: Optional[Tensor] = None
+        if dropout_p > 0:
+            seed = torch.randint(-9223372036854775807 - 1, 9223372036854775807, [1], dtype=torch.long)[0]
+        out, _, alpha = torch.ops.edgedot.graph_attention(
+            query, key, value, edge_feat, src, dst, None, None, None, None, 1.0 / math.sqrt(self.out_channels),
+            float(dropout_p), seed, want_alpha, True)
+        return self._combine(out, x_dst), alpha
+
+    def _project(self, x_src: Tensor, x_dst: Tensor, edge_attr: OptTensor
+                 ) -> Tuple[Tensor, Tensor, Tensor, OptTensor]:
+        """Queries, keys, values ``[N, H, C]`` and the projected edge features."""
+        heads, channels = self.heads, self.out_channels
+        if x_src is x_dst and self._fuse_qkv:
+            weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
+            bias: OptTensor = None
+            if self.lin_query.bias is not None:
+                bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
+            # [N, 3, H, C]: q, k, v are strided views of the one projection.
+            qkv = F.linear(x_dst, weight, bias).view(-1, 3, heads, channels)
+            query, key, value = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        else:
+            query = self.lin_query(x_dst).view(-1, heads, channels)
+            key = self.lin_key(x_src).view(-1, heads, channels)
+            value = self.lin_value(x_src).view(-1, heads, channels)
+        edge_feat: OptTensor = None
+        if self.lin_edge is not None:
+            if edge_attr is None:
+                raise ValueError("edge_attr is required: the layer was built with edge_dim")
+            edge_feat = self.lin_edge(edge_attr).view(-1, heads, channels)
+        elif edge_attr is not None:
+            raise ValueError("edge_attr was given but the layer was built without edge_dim")
+        return query, key, value, edge_feat
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -1,0 +1,48 @@
+"""PyG's own tests of TransformerConv (and its explain tests that build one) and of the
+auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes: see
+tests/pyg/README.md for where the files come from."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch_geometric")
+
+PYG_DIR = pathlib.Path(__file__).parent / "pyg"
+UPSTREAM = pathlib.Path(os.environ.get("EDGEDOT_PYG_TESTS", PYG_DIR / "upstream"))
+CONV_TEST = "test/nn/conv/test_transformer_conv.py"
+DECODER_TEST = "test/nn/models/test_autoencoder.py"
+
+
+def _test_files():
+    """PyG's TransformerConv and auto-encoder tests and every explain test file that builds a
+    TransformerConv."""
+    explain = sorted(p for p in (UPSTREAM / "test" / "explain").rglob("test_*.py")
+                     if "TransformerConv" in p.read_text())
+    return [UPSTREAM / CONV_TEST, UPSTREAM / DECODER_TEST] + explain
+
+
+@pytest.mark.parametrize("full_test", ["0", "1"], ids=["FULL_TEST=0", "FULL_TEST=1"])
+def test_pyg_tests_pass_with_edgedot_layer(full_test):
+    if not (UPSTREAM / CONV_TEST).is_file():
+        pytest.skip(f"PyG's test files are not under {UPSTREAM} (tests/pyg/README.md says where to get them)")
+    assert (UPSTREAM / "LICENSE").is_file(), "PyG's licence must accompany its test files"
+    files = _test_files()
+    missing = [str(f) for f in files if not f.is_file()]
+    assert not missing, f"missing PyG test files: {missing}"
+    assert len(files) > 2, "no explain test of PyG builds a TransformerConv: wrong files?"
+    root = pathlib.Path(__file__).parent.parent
+    env = dict(os.environ, FULL_TEST=full_test,
+               PYTHONPATH=os.pathsep.join([str(root), str(PYG_DIR), os.environ.get("PYTHONPATH", "")]))
+    # Their own session: PyG's conftests only (confcutdir), edgedot's classes swapped in first.
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "swap_plugin", "-p", "no:cacheprovider", "-W", "ignore",
+         f"--rootdir={UPSTREAM}", f"--confcutdir={UPSTREAM}", *map(str, files)],
+        cwd=UPSTREAM, env=env, capture_output=True, text=True, timeout=900)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert re.search(r"\d+ passed", summary) and not re.search(r"failed|error", summary), summary
