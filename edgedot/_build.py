@@ -70,7 +70,8 @@ def prebuilt_mismatch(info, torch_version, cuda_version, fingerprint):
     if info.TORCH_VERSION != torch_version:
         reasons.append(f"it was built for torch {info.TORCH_VERSION}, this is torch {torch_version}")
     if info.CUDA_VERSION != cuda_version:
-        reasons.append(f"it was built for CUDA {info.CUDA_VERSION}, this torch has CUDA {cuda_version}")
+        have = f"this torch has CUDA {cuda_version}" if cuda_version else "this torch has no CUDA"
+        reasons.append(f"it was built for CUDA {info.CUDA_VERSION}, {have}")
     if info.SOURCES_FINGERPRINT != fingerprint:
         reasons.append("the sources in edgedot/ changed since it was built")
     return "; ".join(reasons) or None
@@ -93,13 +94,15 @@ def _load():
         if mismatch is None:
             return _import_prebuilt()
         if toolkit_nvcc() is None:
-            wanted = _sources.build_tag(torch.__version__, str(torch.version.cuda))
-            raise RuntimeError(
-                f"edgedot's prebuilt CUDA kernels ({PREBUILT}) do not fit: {mismatch}. They are not "
-                "loaded, and no CUDA toolkit (nvcc) was found to build them on first use. Install the "
-                f"edgedot wheel built for this torch (version label +{wanted}), build one with "
-                "scripts/build_wheel.sh, or install a CUDA toolkit matching torch.version.cuda="
-                f"{torch.version.cuda} and set CUDA_HOME (docs/install.md).")
+            if torch.version.cuda is None:
+                remedy = f"This torch is not a CUDA build; the wheel was built for torch {info.TORCH_VERSION}."
+            else:
+                remedy = (f"Install the edgedot wheel built for this torch (version label "
+                          f"+{_sources.build_tag(torch.__version__, torch.version.cuda)}), build one with "
+                          "scripts/build_wheel.sh, or install a CUDA toolkit matching torch.version.cuda="
+                          f"{torch.version.cuda} and set CUDA_HOME (docs/install.md).")
+            raise RuntimeError(f"edgedot's prebuilt CUDA kernels ({PREBUILT}) do not fit: {mismatch}. They are "
+                               f"not loaded, and no CUDA toolkit (nvcc) was found to build them on first use. {remedy}")
         warnings.warn(f"edgedot's prebuilt CUDA kernels ({PREBUILT}) do not fit: {mismatch}. Building them "
                       "with nvcc instead (once per torch version; about a minute).", RuntimeWarning, stacklevel=3)
     return _jit_build()
