@@ -4,14 +4,22 @@
 # exported seed problem, then the benchmark. Logs, JSON and charts go to $OUT (default
 # ./device_out).
 #
-#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench
-#                                            (default: all, in that order)
+#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel
+#                                            (default: all but wheel, in that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
 # (about 8 minutes: build 45 s, tests on 4 workers, sanitizers 2), then `bench` (about 8 minutes
 # with BENCH_ARGS="--reps-scale 0.25"). BENCH_ARGS passes options to the benchmark, PYTEST_ARGS
 # to pytest.
+#
+# `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
+# minutes: scripts/build_wheel.sh builds it (about 2 minutes for sm_80 and sm_90 on 16 cores), a
+# fresh venv that takes torch from the system installs it with --no-deps, and from a temporary
+# folder (no checkout on sys.path), with nvcc hidden from PATH, CUDA_HOME and CUDA_PATH unset and an
+# empty EDGEDOT_CACHE that must stay empty (no JIT build), it runs scripts/first_call.py (the
+# prebuilt extension must serve the first call, within 2 s), `python -m edgedot`, and pytest on
+# WHEEL_TESTS (default: the CUDA test files below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
@@ -19,6 +27,68 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 export EDGEDOT_CACHE=${EDGEDOT_CACHE:-/tmp/edgedot_build}
 stages=${*:-build tests sanitize kernelbench bench}
+WHEEL_TESTS=${WHEEL_TESTS:-tests/test_cuda.py tests/test_attention_cuda.py tests/test_group_edges.py}
+
+# A PATH on which no nvcc is found: each folder of $PATH holding one is replaced by a folder of
+# links to everything else in it (so a /usr/bin with nvcc keeps its other tools).
+path_without_nvcc() {
+  local shadows=$1 dir entry kept="" i=0
+  local -a dirs
+  IFS=: read -ra dirs <<< "$PATH"
+  for dir in "${dirs[@]}"; do
+    if [ -n "$dir" ] && [ -x "$dir/nvcc" ]; then
+      i=$((i + 1))
+      mkdir -p "$shadows/$i"
+      for entry in "$dir"/*; do
+        case $(basename "$entry") in nvcc*) ;; *) ln -s "$entry" "$shadows/$i/" ;; esac
+      done
+      dir=$shadows/$i
+    fi
+    kept+=${kept:+:}$dir
+  done
+  echo "$kept"
+}
+
+wheel_check() (
+  set -euo pipefail
+  work=$(mktemp -d /tmp/edgedot_wheel.XXXXXX)
+  trap 'rm -rf "$work"' EXIT
+  echo "-- build: scripts/build_wheel.sh (log $OUT/wheel_build.log)"
+  if ! scripts/build_wheel.sh "$work/dist" > "$OUT/wheel_build.log" 2>&1; then
+    tail -n 40 "$OUT/wheel_build.log"; exit 1
+  fi
+  grep -E '^(edgedot: building|TORCH_VERSION|CUDA_VERSION|ARCH_LIST|== )' "$OUT/wheel_build.log"
+  wheel=$(ls "$work"/dist/edgedot-*.whl)
+  echo "-- venv $work/venv (torch from the system), installing $(basename "$wheel") with --no-deps"
+  python3 -m venv --system-site-packages --without-pip "$work/venv"
+  py=$work/venv/bin/python
+  "$py" -m pip install -q --no-deps --no-index --force-reinstall "$wheel"
+  mkdir -p "$work/run" "$work/jit_cache"
+  cp -r tests "$work/run/tests"
+  cp scripts/first_call.py "$work/run/"
+  PATH=$(path_without_nvcc "$work/path")
+  export PATH EDGEDOT_CACHE=$work/jit_cache
+  unset CUDA_HOME CUDA_PATH PYTHONPATH
+  cd "$work/run"
+  if command -v nvcc; then echo "nvcc is still on PATH" >&2; exit 1; fi
+  "$py" -c "import sys, torch, edgedot; from torch.utils import cpp_extension
+assert edgedot.__file__.startswith(sys.prefix), f'edgedot from {edgedot.__file__}, not the venv'
+print('edgedot', edgedot.__file__, '| torch', torch.__version__, '| no nvcc on PATH; torch CUDA_HOME:', cpp_extension.CUDA_HOME)"
+  echo "-- first call, fresh process"
+  "$py" first_call.py --expect-prebuilt --max-first-call 2 2>&1 | tee "$OUT/wheel_first_call.log"
+  echo "-- python -m edgedot"
+  "$py" -m edgedot 2>&1 | tee "$OUT/wheel_main.log"
+  workers=""
+  if "$py" -c "import xdist" 2>/dev/null; then workers="-n ${PYTEST_WORKERS:-4}"; fi
+  echo "-- pytest $workers $WHEEL_TESTS"
+  # shellcheck disable=SC2086
+  "$py" -m pytest -q -p no:cacheprovider $workers $WHEEL_TESTS ${PYTEST_ARGS:-} 2>&1 \
+    | tee "$OUT/wheel_pytest.log" | tail -n 15
+  "$py" -c "import os, sys; left = os.listdir(sys.argv[1])
+sys.exit(f'the JIT cache is not empty, something built the kernels: {left}' if left else 0)" "$EDGEDOT_CACHE"
+  echo "-- the wheel served everything: no JIT build"
+)
+
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
 for stage in $stages; do
@@ -41,7 +111,10 @@ for stage in $stages; do
     bench)
       python3 -m edgedot.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log" ;;
+    wheel)
+      wheel_check || { echo "wheel: FAILED" >&2; failed=1; } ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"
 done
+exit "${failed:-0}"

@@ -1,0 +1,75 @@
+"""What the CUDA extension is built from: its sources and compiler flags, in one place.
+
+Both builds read this module: the just-in-time build on first use (:mod:`edgedot._build`) and the
+ahead-of-time build of a CUDA wheel (``setup.py`` with ``EDGEDOT_BUILD_CUDA=1``). It imports only
+the standard library, so ``setup.py`` loads it by file path without importing torch or the
+package. A new ``.cu`` or ``.cpp`` file joins the extension by one entry in ``SOURCES``
+(``tests/test_packaging.py`` fails while a source file of the package is missing from it).
+"""
+
+import hashlib
+from pathlib import Path
+
+# Translation units of the extension, relative to the package folder (edgedot/), in link order.
+SOURCES = [
+    "csrc/bindings.cpp",
+    "csrc/launch.cu",
+    "csrc/forward.cu",
+    "csrc/backward_atomic.cu",
+    "csrc/backward_sorted.cu",
+    "csrc/sort_by_row.cu",
+    "csrc/group_edges.cu",
+    "csrc/edge_order.cu",
+    "csrc/attention_schedule.cu",
+    "csrc/attention_forward.cu",
+    "csrc/attention_backward.cu",
+    "csrc/attention_merge.cu",
+    "kernelbench/csrc/kernelbench.cpp",
+    "kernelbench/csrc/index_cast.cu",
+]
+# Include folders, relative to the package: the KernelBench harness's sources include edgedot.h
+# and common.cuh.
+INCLUDE_DIRS = ["csrc"]
+
+CXX_FLAGS = ["-O3"]
+# No -arch here: the JIT build targets the GPUs present (or TORCH_CUDA_ARCH_LIST), setup.py its
+# own default list.
+NVCC_FLAGS = ["-O3", "-lineinfo"]
+
+SOURCE_SUFFIXES = (".cu", ".cpp")
+HEADER_SUFFIXES = (".h", ".cuh")
+
+
+def extension_files(package_dir):
+    """Every file the extension is compiled from, relative to ``package_dir``, sorted.
+
+    The files of ``SOURCES`` and the headers (``.h``, ``.cuh``) in their folders.
+    """
+    package_dir = Path(package_dir)
+    files = set(SOURCES)
+    for folder in sorted({Path(source).parent for source in SOURCES}):
+        files.update(path.relative_to(package_dir).as_posix() for path in (package_dir / folder).iterdir()
+                     if path.suffix in HEADER_SUFFIXES)
+    return sorted(files)
+
+
+def fingerprint(package_dir):
+    """SHA-256 over the names and bytes of :func:`extension_files`: what a binary was built from.
+
+    A prebuilt extension records it at build time; at load time a different value means the
+    sources beside it changed (an edited checkout), so the binary is stale.
+    """
+    package_dir = Path(package_dir)
+    digest = hashlib.sha256()
+    for name in extension_files(package_dir):
+        data = (package_dir / name).read_bytes()
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def build_tag(torch_version, cuda_version):
+    """The local version label of a CUDA wheel built against these: ``("2.11.0+cu130", "13.0")`` gives
+    ``"pt211cu130"``, so that the wheel's version (``0.1.0+pt211cu130``) names what it fits."""
+    major, minor = torch_version.split("+")[0].split(".")[:2]
+    return f"pt{major}{minor}cu{cuda_version.replace('.', '')}"

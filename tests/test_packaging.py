@@ -1,0 +1,227 @@
+"""Packaging: the one source list, setup.py's CUDA-wheel helpers, the pure-Python wheel's contents,
+and how edgedot._build picks between a prebuilt extension and the just-in-time build."""
+
+import importlib.util
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import types
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import edgedot
+from edgedot import _build, _sources
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "edgedot"
+SETUP = runpy.run_path(str(REPO / "setup.py"), run_name="edgedot_setup")
+
+
+def _record(torch_version=None, cuda_version=None, fingerprint=None, package=PACKAGE):
+    """A build record (what edgedot/_build_info.py holds) as setup.py writes it, for the running torch
+    and the sources in ``package`` unless told otherwise."""
+    text = SETUP["record_text"](torch_version or torch.__version__, cuda_version or torch.version.cuda, "8.0;9.0+PTX",
+                                fingerprint or _sources.fingerprint(package))
+    namespace = {}
+    exec(text, namespace)
+    return text, types.SimpleNamespace(**{k: v for k, v in namespace.items() if k.isupper()})
+
+
+# ---- the source list -------------------------------------------------------------------------
+
+
+def test_sources_are_every_source_file_of_the_package():
+    on_disk = {path.relative_to(PACKAGE).as_posix()
+               for suffix in _sources.SOURCE_SUFFIXES for path in PACKAGE.rglob(f"*{suffix}")}
+    listed = set(_sources.SOURCES)
+    assert len(listed) == len(_sources.SOURCES), "a source is listed twice"
+    assert not on_disk - listed, f"in the package but not in _sources.SOURCES: {sorted(on_disk - listed)}"
+    assert not listed - on_disk, f"in _sources.SOURCES but not in the package: {sorted(listed - on_disk)}"
+
+
+def test_setup_builds_the_listed_sources():
+    assert SETUP["load_sources"]().SOURCES == _sources.SOURCES
+    assert SETUP["base_version"]() == edgedot.__version__
+
+
+def test_fingerprint_follows_sources_and_headers(tmp_path):
+    copy = tmp_path / "edgedot"
+    shutil.copytree(PACKAGE / "csrc", copy / "csrc")
+    base = _sources.fingerprint(copy)
+    assert base == _sources.fingerprint(PACKAGE)
+    (copy / "csrc" / "notes.txt").write_text("not a source")
+    assert _sources.fingerprint(copy) == base
+    headers = [name for name in _sources.extension_files(copy) if name.endswith(_sources.HEADER_SUFFIXES)]
+    assert headers and not set(headers) & set(_sources.SOURCES)
+    for name in [_sources.SOURCES[-1], *headers]:
+        original = (copy / name).read_bytes()
+        (copy / name).write_bytes(original + b"\n")
+        assert _sources.fingerprint(copy) != base, name
+        (copy / name).write_bytes(original)
+    assert _sources.fingerprint(copy) == base
+
+
+# ---- setup.py's helpers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("torch_version, cuda_version, tag", [
+    ("2.11.0+cu130", "13.0", "pt211cu130"), ("2.4.1", "12.1", "pt24cu121"), ("2.13.0a0+git1234", "12.8", "pt213cu128")])
+def test_build_tag(torch_version, cuda_version, tag):
+    assert _sources.build_tag(torch_version, cuda_version) == tag
+
+
+def test_max_jobs_bounded_by_cores_and_memory():
+    jobs, per_job = SETUP["default_max_jobs"], SETUP["BYTES_PER_JOB"]
+    assert jobs(16, 100 * per_job) == 16
+    assert jobs(16, 3.5 * per_job) == 3
+    assert jobs(16, 0.5 * per_job) == 1
+    assert jobs(None, None) == 1
+    assert jobs(7, None) == 7
+
+
+def test_available_memory_reads_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   12345678 kB\n")
+    assert SETUP["available_memory"](str(meminfo)) == 12345678 * 1024
+    meminfo.write_text("MemTotal:       32000000 kB\n")
+    assert SETUP["available_memory"](str(meminfo)) is None
+    assert SETUP["available_memory"](str(tmp_path / "missing")) is None
+
+
+def test_cuda_build_switch():
+    requested = SETUP["cuda_build_requested"]
+    assert requested({"EDGEDOT_BUILD_CUDA": "1"})
+    for off in ({}, {"EDGEDOT_BUILD_CUDA": "0"}, {"EDGEDOT_BUILD_CUDA": ""}):
+        assert not requested(off)
+    with pytest.raises(SystemExit, match="EDGEDOT_BUILD_CUDA must be 0 or 1, got 'yes'"):
+        requested({"EDGEDOT_BUILD_CUDA": "yes"})
+
+
+def test_record_of_this_build_fits():
+    _, info = _record()
+    assert info.TORCH_VERSION == torch.__version__ and info.ARCH_LIST == "8.0;9.0+PTX"
+    assert _build.prebuilt_mismatch(info, torch.__version__, torch.version.cuda, _sources.fingerprint(PACKAGE)) is None
+
+
+def test_pure_wheel_ships_every_extension_file(tmp_path):
+    """The default wheel: the package with every source and header the JIT build compiles, and no
+    build record even if an in-place CUDA build left one in the tree."""
+    pytest.importorskip("pip")
+    if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None:
+        pytest.skip("building a wheel needs setuptools>=70.1 or the wheel package")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+    shutil.copytree(PACKAGE, tree / "edgedot", ignore=shutil.ignore_patterns("__pycache__", "_C*.so", "_build_info.py"))
+    (tree / "edgedot" / "_build_info.py").write_text(_record()[0])
+    env = {k: v for k, v in os.environ.items() if k != "EDGEDOT_BUILD_CUDA"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist"), str(tree)], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("edgedot-*.whl")
+    assert wheel.name == f"edgedot-{edgedot.__version__}-py3-none-any.whl"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [name for name in _sources.extension_files(PACKAGE) if f"edgedot/{name}" not in names]
+    assert not missing, f"the wheel lacks {missing}"
+    assert "edgedot/_sources.py" in names and "edgedot/_build_info.py" not in names
+    assert not [name for name in names if name.startswith("edgedot/_C")]
+
+
+# ---- edgedot._build: prebuilt or just in time ------------------------------------------------
+
+
+@pytest.fixture
+def loader(monkeypatch):
+    """edgedot._build with its four outside effects replaced by recorders: the build record, the
+    prebuilt import, the toolkit lookup and the JIT build."""
+    calls = []
+    state = types.SimpleNamespace(info=None, nvcc=None, calls=calls)
+    monkeypatch.setattr(_build, "prebuilt_info", lambda: state.info)
+    monkeypatch.setattr(_build, "toolkit_nvcc", lambda: state.nvcc)
+    monkeypatch.setattr(_build, "_import_prebuilt", lambda: calls.append("prebuilt") or "prebuilt module")
+    monkeypatch.setattr(_build, "_jit_build", lambda: calls.append("jit") or "jit module")
+    return state
+
+
+def test_load_uses_a_matching_prebuilt(loader):
+    loader.info = _record()[1]
+    loader.nvcc = Path("/usr/bin/nvcc")  # a toolkit does not matter when the binary fits
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _build._load() == "prebuilt module"
+    assert loader.calls == ["prebuilt"]
+
+
+def test_load_without_prebuilt_builds(loader):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _build._load() == "jit module"
+    assert loader.calls == ["jit"]
+
+
+@pytest.mark.parametrize("running_cuda", ["12.8", None])
+@pytest.mark.parametrize("field, value, reason", [
+    ("torch_version", "2.4.0+cu121", "built for torch 2.4.0+cu121, this is torch " + torch.__version__),
+    ("cuda_version", "11.8", "built for CUDA 11.8, this torch has "),
+    ("fingerprint", "0" * 64, "sources in edgedot/ changed since it was built"),
+])
+def test_load_refuses_a_mismatched_prebuilt_without_toolkit(loader, monkeypatch, running_cuda, field, value, reason):
+    monkeypatch.setattr(torch.version, "cuda", running_cuda)
+    loader.info = _record(**{field: value})[1]
+    with pytest.raises(RuntimeError) as error:
+        _build._load()
+    message = str(error.value)
+    assert reason in message and "not loaded" in message and "no CUDA toolkit (nvcc)" in message
+    if running_cuda:
+        assert "+" + _sources.build_tag(torch.__version__, running_cuda) in message
+    else:
+        assert "This torch is not a CUDA build" in message
+    assert loader.calls == []
+
+
+def test_load_rebuilds_a_mismatched_prebuilt_with_toolkit(loader):
+    loader.info = _record(torch_version="2.4.0+cu121")[1]
+    loader.nvcc = Path("/usr/local/cuda/bin/nvcc")
+    with pytest.warns(RuntimeWarning, match="built for torch 2.4.0\\+cu121.*Building them with nvcc instead"):
+        assert _build._load() == "jit module"
+    assert loader.calls == ["jit"]
+
+
+def _fake_install(tmp_path, torch_version):
+    """A copy of the package with a build record for ``torch_version`` and a stand-in ``_C`` module."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE, site / "edgedot", ignore=shutil.ignore_patterns("__pycache__", "_C*.so", "_build_info.py"))
+    (site / "edgedot" / "_build_info.py").write_text(_record(torch_version, package=site / "edgedot")[0])
+    (site / "edgedot" / "_C.py").write_text('STAND_IN = "prebuilt"\n')
+    return site
+
+
+def _first_cuda_module(site):
+    """Runs cuda_module() in a fresh process that sees ``site`` first and no CUDA toolkit."""
+    env = dict(os.environ, PYTHONPATH=str(site), CUDA_HOME=str(site / "no-toolkit"))
+    env.pop("CUDA_PATH", None)
+    code = "from edgedot import _build; m = _build.cuda_module(); print(m.__name__, m.STAND_IN, _build.__file__)"
+    return subprocess.run([sys.executable, "-c", code], cwd=site, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_installed_prebuilt_is_loaded(tmp_path):
+    site = _fake_install(tmp_path, torch.__version__)
+    proc = _first_cuda_module(site)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["edgedot._C", "prebuilt", str(site / "edgedot" / "_build.py")]
+
+
+def test_installed_prebuilt_for_another_torch_is_refused(tmp_path):
+    site = _fake_install(tmp_path, "2.4.0+cu121")
+    proc = _first_cuda_module(site)
+    assert proc.returncode != 0
+    assert "RuntimeError: edgedot's prebuilt CUDA kernels (edgedot._C) do not fit: it was built for torch 2.4.0+cu121" \
+        in proc.stderr
