@@ -52,7 +52,8 @@ def test_setup_builds_the_listed_sources():
 
 def test_fingerprint_follows_sources_and_headers(tmp_path):
     copy = tmp_path / "edgedot"
-    shutil.copytree(PACKAGE / "csrc", copy / "csrc")
+    for folder in sorted({Path(source).parent for source in _sources.SOURCES}):
+        shutil.copytree(PACKAGE / folder, copy / folder)
     base = _sources.fingerprint(copy)
     assert base == _sources.fingerprint(PACKAGE)
     (copy / "csrc" / "notes.txt").write_text("not a source")
