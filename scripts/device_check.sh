@@ -62,6 +62,10 @@ wheel_check() (
   echo "-- venv $work/venv (torch from the system), installing $(basename "$wheel") with --no-deps"
   python3 -m venv --system-site-packages --without-pip "$work/venv"
   py=$work/venv/bin/python
+  # torch may itself live in a virtual environment (not the system's site-packages): a .pth file
+  # puts the folder that holds it (and pytest) on the new venv's path, after the venv's own.
+  python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" \
+    > "$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch_site.pth"
   "$py" -m pip install -q --no-deps --no-index --force-reinstall "$wheel"
   mkdir -p "$work/run" "$work/jit_cache"
   cp -r tests "$work/run/tests"
