@@ -28,6 +28,14 @@ def features(num_src, num_dst, heads, dim, dtype, device, g, requires_grad=True)
             for n in (num_dst, num_src, num_src)]
 
 
+def small_sorted_case(seed, num_edges, device, num_src=20, num_dst=10, heads=2, dim=8):
+    """(q, k, v, src, dst, dst_ptr) of a small float32 graph sorted by destination."""
+    g = gen(seed)
+    q, k, v = features(num_src, num_dst, heads, dim, torch.float32, device, g, requires_grad=False)
+    src, dst = sorted_graph(num_src, num_dst, num_edges, device, g)
+    return q, k, v, src, dst, edgedot.index_to_ptr(dst, num_dst)
+
+
 # ------------------------------------------------------------------------------ index_to_ptr
 
 
@@ -76,10 +84,7 @@ def test_dst_ptr_matches_unsorted_call(device, index_dtype, ptr_dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_dst_ptr_return_attention_and_empty_graph(device):
-    g = gen(4)
-    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
-    src, dst = sorted_graph(20, 10, 150, device, g)
-    ptr = edgedot.index_to_ptr(dst, 10)
+    q, k, v, src, dst, ptr = small_sorted_case(4, 150, device)
     out, alpha = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr, return_attention=True)
     want_out, want_alpha = edgedot.graph_attention(q, k, v, src, dst, return_attention=True)
     torch.testing.assert_close(out, want_out)
@@ -94,10 +99,8 @@ def test_dst_ptr_return_attention_and_empty_graph(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_dst_ptr_errors(device):
-    g = gen(5)
-    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
-    src, dst = sorted_graph(20, 10, 60, device, g)
-    ptr = edgedot.index_to_ptr(dst, 10)
+    g = gen(55)
+    q, k, v, src, dst, ptr = small_sorted_case(5, 60, device)
 
     def call(p, d=dst, **kwargs):
         return edgedot.graph_attention(q, k, v, src, d, dst_ptr=p, **kwargs)
@@ -137,10 +140,7 @@ def test_dst_ptr_errors(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     """The pointer is checked against dst_idx once, then remembered until either changes."""
-    g = gen(6)
-    q, k, v = features(20, 10, 2, 8, torch.float32, device, g, requires_grad=False)
-    src, dst = sorted_graph(20, 10, 60, device, g)
-    ptr = edgedot.index_to_ptr(dst, 10)
+    q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
     calls = []
     real = torch.searchsorted
     monkeypatch.setattr(_grouped.torch, "searchsorted", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -235,10 +235,7 @@ def test_wrong_pointer_unchecked_gives_nan_rows():
     """With check_indices=False nothing waits for the device: a pointer that disagrees with dst_idx
     makes the destinations concerned NaN (never a wrong finite value, never a bad read), and one
     that does not span [0, E) makes every destination NaN."""
-    g = gen(11)
-    q, k, v = features(40, 30, 2, 16, torch.float32, "cuda", g, requires_grad=False)
-    src, dst = sorted_graph(40, 30, 500, "cuda", g)
-    ptr = edgedot.index_to_ptr(dst, 30)
+    q, k, v, src, dst, ptr = small_sorted_case(11, 500, "cuda", num_src=40, num_dst=30, dim=16)
     good = edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr, check_indices=False)
     wrong = ptr.clone()
     wrong[5] += 1  # the first edge of node 5 now lies in node 4's range
