@@ -396,21 +396,23 @@ __device__ __forceinline__ int64_t slot_row(const RowChunks& c, int64_t slot, in
   return lo;
 }
 
-// Calls f(WorkUnit) for the units of team `team` of `teams`: every (row, head) of a row that is not
-// long, then every (chunk, head) of the long rows. Teams of a warp take adjacent units: the heads
-// of one row, which have equal lengths.
+// Calls f(WorkUnit) for the units of team `team` of `teams`: every (chunk, head) of the long rows,
+// then every (row, head) of a row that is not long, in row_order when there is one. Teams of a warp
+// take adjacent units: the heads of one row, which have equal lengths.
 template <typename F>
 __device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const RowChunks& c, int64_t num_rows,
                                               int64_t heads, int64_t num_edges, int64_t team, int64_t teams, F&& f) {
-  const int64_t slots = c.first_chunk != nullptr ? c.first_chunk[num_rows] : 0;
+  // The schedule keeps within max_slots; the bound only guards the partial buffers.
+  const int64_t slots = c.first_chunk != nullptr ? min(c.first_chunk[num_rows], c.max_slots) : 0;
   // Edges given grouped: the pointer must start at 0, end at num_edges and never decrease.
   const bool partition = g.order != nullptr || (g.offsets[0] == 0 && g.offsets[num_rows] == num_edges);
   for (int64_t u = team; u < (num_rows + slots) * heads; u += teams) {
     const int64_t item = u / heads;
     WorkUnit w;
     w.head = static_cast<int32_t>(u - item * heads);
-    if (item < num_rows) {
-      w.row = static_cast<int32_t>(item);
+    if (item >= slots) {
+      const int64_t k = item - slots;
+      w.row = c.row_order != nullptr ? c.row_order[k] : static_cast<int32_t>(k);
       w.slot = -1;
       const PositionRange range = row_positions(g, w.row, num_edges);
       if (c.first_chunk != nullptr && is_long_row(range.end - range.begin, c.chunk)) continue;
@@ -418,8 +420,7 @@ __device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const 
       w.end = static_cast<int32_t>(range.end);
       w.lead = true;
     } else {
-      if (item - num_rows >= c.max_slots) break;  // never: the schedule keeps within max_slots
-      w.slot = static_cast<int32_t>(item - num_rows);
+      w.slot = static_cast<int32_t>(item);
       w.row = static_cast<int32_t>(slot_row(c, w.slot, num_rows));
       const PositionRange range = row_positions(g, w.row, num_edges);
       const int64_t begin = range.begin + (w.slot - c.first_chunk[w.row]) * c.chunk;

@@ -1,6 +1,7 @@
 // The chunk schedule of a grouping's long rows (RowChunks in edgedot.h), from its row offsets, in
 // two CUB passes and no host synchronisation: an exclusive scan of each row's chunk count, and the
-// list of the long rows.
+// list of the long rows; and the order the kernels take the other rows in (a radix sort by degree class).
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -65,7 +66,45 @@ cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges
                                static_cast<int32_t>(num_rows), IsLongRow{edges, chunk}, stream);
 }
 
+// Degree class of each row (0 for a long row, which its chunks serve) and the rows' ids, to be sorted.
+__global__ void row_class_kernel(RowEdges edges, int64_t chunk, uint8_t* keys, int32_t* rows) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < edges.num_rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = edges(r);
+    // d <= chunk <= 4096 outside long rows: classes 0 .. 13 fit the sort's 4 bits.
+    keys[r] = d == 0 || is_long_row(d, chunk) ? 0 : static_cast<uint8_t>(64 - __clzll(static_cast<unsigned long long>(d)));
+    rows[r] = static_cast<int32_t>(r);
+  }
+}
+
+constexpr int kRowClassBits = 4;
+
+// The sort's temporary bytes (temp null) or the sort itself.
+cudaError_t sort_rows(uint8_t* keys, int32_t* rows, int32_t* row_order, int64_t num_rows, void* temp,
+                      size_t& temp_bytes, cudaStream_t stream) {
+  return cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, keys, keys + num_rows, rows, row_order,
+                                                   static_cast<int32_t>(num_rows), 0, kRowClassBits, stream);
+}
+
 }  // namespace
+
+size_t attention_row_order_temp_bytes(int64_t num_rows) {
+  size_t bytes = 0;
+  sort_rows(nullptr, nullptr, nullptr, num_rows, nullptr, bytes, nullptr);
+  return bytes;
+}
+
+cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                                       uint8_t* keys, int32_t* rows, int32_t* row_order, void* temp,
+                                       size_t temp_bytes, cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((num_rows + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  row_class_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(RowEdges{offsets, num_rows, num_edges}, chunk,
+                                                                       keys, rows);
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  return sort_rows(keys, rows, row_order, num_rows, temp, temp_bytes, stream);
+}
 
 int64_t attention_chunk_edges(int64_t num_edges, int64_t heads, int64_t dim, int64_t dim_v, ScalarKind scalar) {
   const int64_t bytes = scalar == ScalarKind::f64 ? 8 : scalar == ScalarKind::f32 ? 4 : 2;

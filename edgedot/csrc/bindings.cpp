@@ -520,7 +520,7 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
 RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, const AttentionInputs& in, ScalarKind scalar,
                            std::vector<at::Tensor>& keep) {
   const int64_t chunk = attention_chunk_edges(in.num_edges, in.heads, in.dim, in.dim_v, scalar);
-  if (in.num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0};
+  if (in.num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0, nullptr};
   const auto options = offsets.options();
   at::Tensor first_chunk = at::empty({num_rows + 1}, options.dtype(at::kLong));
   at::Tensor long_rows = at::empty({num_rows + 1}, options.dtype(at::kInt));  // the last entry: their count
@@ -533,8 +533,23 @@ RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, const At
                                 c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
   keep.insert(keep.end(), {first_chunk, long_rows, temp});
+  const int32_t* row_order = nullptr;
+  if (attention_orders_rows(in.num_edges, in.heads)) {
+    at::Tensor keys = at::empty({2 * num_rows}, options.dtype(at::kByte));
+    at::Tensor order = at::empty({2 * num_rows}, options.dtype(at::kInt));  // row ids, then their order
+    const size_t sort_bytes = attention_row_order_temp_bytes(num_rows);
+    at::Tensor sort_temp = at::empty({static_cast<int64_t>(sort_bytes)}, options.dtype(at::kByte));
+    int32_t* ids = order.data_ptr<int32_t>();
+    const cudaError_t sorted = launch_attention_row_order(offsets.data_ptr<int64_t>(), num_rows, in.num_edges, chunk,
+                                                          keys.data_ptr<uint8_t>(), ids, ids + num_rows,
+                                                          sort_temp.data_ptr(), sort_bytes,
+                                                          c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(sorted == cudaSuccess, "edgedot: ordering the rows by degree failed: ", cudaGetErrorString(sorted));
+    keep.insert(keep.end(), {keys, order, sort_temp});
+    row_order = ids + num_rows;
+  }
   return RowChunks{chunk, first_chunk.data_ptr<int64_t>(), rows, rows + num_rows,
-                   attention_max_slots(in.num_edges, chunk)};
+                   attention_max_slots(in.num_edges, chunk), row_order};
 }
 
 // An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).

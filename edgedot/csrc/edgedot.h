@@ -162,12 +162,16 @@ struct AttentionGrouping {
 // results stay bitwise reproducible). first_chunk[r] = slots of the long rows before r,
 // first_chunk[num_rows] = all slots (at most max_slots); long_rows[0 .. *num_long) lists the long
 // rows in ascending order.
+// row_order (null: rows in order) lists the rows by descending degree class (csrc/attention_schedule.cu),
+// in which order the kernels take them after the chunks: the teams of a warp then walk rows of
+// similar length, and the longest go first (less idle time at the end).
 struct RowChunks {
   int64_t chunk;
   const int64_t* first_chunk;  // [num_rows + 1]
   const int32_t* long_rows;    // [num_rows]
   const int32_t* num_long;     // [1]
   int64_t max_slots;
+  const int32_t* row_order;    // [num_rows], or null
 };
 
 // Head h of edge e is kept when the hash of (seed, e, h) is at least threshold (floor(p * 2**32),
@@ -228,6 +232,16 @@ size_t attention_schedule_temp_bytes(int64_t num_rows);
 cudaError_t launch_attention_schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
                                       int64_t* first_chunk, int32_t* long_rows, int32_t* num_long, void* temp,
                                       size_t temp_bytes, cudaStream_t stream);
+// Whether a grouping is worth row_order: graphs of fewer edge-heads run in about the time of the
+// launches that would build it.
+inline bool attention_orders_rows(int64_t num_edges, int64_t heads) { return num_edges * heads >= (int64_t{1} << 22); }
+// row_order of RowChunks: rows sorted by descending degree class (0 for no edges or a long row, else
+// 1 + floor(log2(degree))), stably, so rows of one class keep their order. keys holds 2 * num_rows
+// bytes, rows num_rows int32, temp attention_row_order_temp_bytes(num_rows) bytes.
+size_t attention_row_order_temp_bytes(int64_t num_rows);
+cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                                       uint8_t* keys, int32_t* rows, int32_t* row_order, void* temp,
+                                       size_t temp_bytes, cudaStream_t stream);
 
 // out, lse (and alpha) over the dst grouping; every element of them is written. Needs dim and
 // dim_v in 1 .. kAttentionMaxDim.
