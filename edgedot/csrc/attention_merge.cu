@@ -3,6 +3,8 @@
 // order and writes the row's final values. Rows of few chunks take a warp each; rows of many (hubs)
 // take a whole block, whose warps merge interleaved chunks and then combine in warp order. Every
 // order is fixed, so results are bitwise reproducible.
+#include <cub/block/block_scan.cuh>
+
 #include "attention.cuh"
 
 namespace edgedot {
@@ -14,8 +16,10 @@ constexpr int kMergeCols = kAttentionMaxDim / 32;  // columns of a row per lane
 constexpr int64_t kWarpMergeChunks = 64;
 constexpr int kMergeBlockThreads = 512;
 constexpr int kMergeWarps = kMergeBlockThreads / 32;
-// Partials loaded before any is combined: the merge is bound by their latency.
-constexpr int kMergeBatch = 4;
+// Partials loaded before any is combined: the merge is bound by their latency. A warp merge takes
+// more at a time than a block's threads, which have fewer registers (128 at 512 threads).
+constexpr int kWarpMergeBatch = 8;
+constexpr int kBlockMergeBatch = 4;
 
 // A lane's share of a merged row: columns lane + 32 * i. Softmax merges also carry the running
 // maximum m and sum l (the same on every lane) and whether a chunk was NaN.
@@ -53,15 +57,15 @@ struct MergeState {
   }
 };
 
-// Merges slots first + offset, first + offset + stride, ... below last into s, kMergeBatch at a time.
-template <typename A, bool kSoftmax>
+// Merges slots first + offset, first + offset + stride, ... below last into s, kBatch at a time.
+template <int kBatch, typename A, bool kSoftmax>
 __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A* part, const A* part_ml,
                                             int64_t heads, int64_t h, int dim, int64_t first, int64_t last,
                                             int64_t offset, int64_t stride, int lane) {
-  for (int64_t base = first + offset; base < last; base += kMergeBatch * stride) {
-    A cols[kMergeBatch][kMergeCols], ms[kMergeBatch], ls[kMergeBatch];
+  for (int64_t base = first + offset; base < last; base += kBatch * stride) {
+    A cols[kBatch][kMergeCols], ms[kBatch], ls[kBatch];
 #pragma unroll
-    for (int b = 0; b < kMergeBatch; ++b) {
+    for (int b = 0; b < kBatch; ++b) {
       const int64_t slot = base + b * stride;
       const bool has = slot < last;
       const A* row = part + (slot * heads + h) * dim;
@@ -75,7 +79,7 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A*
       }
     }
 #pragma unroll
-    for (int b = 0; b < kMergeBatch; ++b)
+    for (int b = 0; b < kBatch; ++b)
       if (base + b * stride < last) s.add(ms[b], ls[b], cols[b], dim, lane);
   }
 }
@@ -110,43 +114,47 @@ merge_warp_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, c
     if (last - first > kWarpMergeChunks) continue;
     MergeState<accum_t<T>, kSoftmax> s;
     s.init();
-    merge_slots(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
+    merge_slots<kWarpMergeBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
     write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
   }
 }
 
-// A block per (long row, head) of more than kWarpMergeChunks chunks. The block's threads first look
-// at one unit each and list the big ones in shared memory, so that the many rows of few chunks cost
-// it one pass, not one step each.
+// A block per (long row, head) of more than kWarpMergeChunks chunks (a hub), so that the heads and
+// rows of hubs spread over the device. Every block lists the hubs the same way (a block-wide scan
+// over the long rows, in order) and takes the units j with j % gridDim.x == blockIdx.x.
 template <typename T, bool kSoftmax>
 __global__ void __launch_bounds__(kMergeBlockThreads)
 merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
                    accum_t<T>* lse) {
   using A = accum_t<T>;
-  __shared__ int64_t big[kMergeBlockThreads];
-  __shared__ int num_big;
+  using Scan = cub::BlockScan<int, kMergeBlockThreads>;
+  __shared__ typename Scan::TempStorage scan_temp;
+  __shared__ int32_t hubs[kMergeBlockThreads];
   __shared__ A warp_acc[kMergeWarps][kAttentionMaxDim];
   __shared__ A warp_ml[kMergeWarps][2];
   __shared__ bool warp_bad[kMergeWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t units = static_cast<int64_t>(*c.num_long) * heads;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kMergeBlockThreads; base < units;
-       base += static_cast<int64_t>(gridDim.x) * kMergeBlockThreads) {
-    if (threadIdx.x == 0) num_big = 0;
-    __syncthreads();
-    const int64_t u = base + threadIdx.x;
-    if (u < units) {
-      const int64_t row = c.long_rows[u / heads];
-      if (c.first_chunk[row + 1] - c.first_chunk[row] > kWarpMergeChunks) big[atomicAdd(&num_big, 1)] = u;
+  const int64_t num_long = *c.num_long;
+  int64_t hubs_before = 0;  // hubs listed in earlier passes
+  for (int64_t base = 0; base < num_long; base += kMergeBlockThreads) {
+    const int64_t k = base + threadIdx.x;
+    int32_t row = -1;
+    if (k < num_long) {
+      row = c.long_rows[k];
+      if (c.first_chunk[row + 1] - c.first_chunk[row] <= kWarpMergeChunks) row = -1;
     }
+    int position, found;
+    Scan(scan_temp).ExclusiveSum(row >= 0 ? 1 : 0, position, found);
+    if (row >= 0) hubs[position] = row;
     __syncthreads();
-    for (int b = 0; b < num_big; ++b) {
-      const int64_t k = big[b] / heads, h = big[b] - k * heads;
-      const int64_t row = c.long_rows[k];
-      const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
+    const int64_t blocks = gridDim.x, block = blockIdx.x;
+    // Hub unit hubs_before * heads + j is this block's when it is block modulo blocks.
+    for (int64_t j = (block - hubs_before * heads % blocks + blocks) % blocks; j < found * heads; j += blocks) {
+      const int64_t hub = hubs[j / heads], h = j % heads;
+      const int64_t first = c.first_chunk[hub], last = c.first_chunk[hub + 1];
       MergeState<A, kSoftmax> s;
       s.init();
-      merge_slots(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
+      merge_slots<kBlockMergeBatch>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
 #pragma unroll
       for (int i = 0; i < kMergeCols; ++i)
         if (lane + 32 * i < dim) warp_acc[warp][lane + 32 * i] = s.acc[i];
@@ -167,10 +175,12 @@ merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, 
           // A warp that merged no chunk holds (-inf, 0): add() skips it.
           total.add(kSoftmax ? warp_ml[w][0] : A(0), kSoftmax ? warp_ml[w][1] : A(0), cols, dim, lane);
         }
-        write_merged<T, kSoftmax>(total, out, lse, row * heads + h, dim, lane);
+        write_merged<T, kSoftmax>(total, out, lse, hub * heads + h, dim, lane);
       }
       __syncthreads();
     }
+    hubs_before += found;
+    __syncthreads();  // hubs[] and scan_temp are reused by the next pass
   }
 }
 
