@@ -36,7 +36,7 @@ def _gat_score(a_src, a_dst, a_edge, slope, acc):
 
 def _gatv2_score(x_src, x_dst, att, edge_feat, slope, acc):
     """Chunk scores ``<att, leaky_relu(m)>`` and ``m = x_src[s] + x_dst[n] + edge_feat[e]``."""
-    att = att.to(acc)
+    att = att.to(acc).contiguous()  # its layout would steer the order of the sum over channels
 
     def score(start, stop, src, dst):
         m = _gather(x_src, src, acc) + _gather(x_dst, dst, acc)
@@ -105,7 +105,7 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
     dtype = x_src.dtype
     acc = acc_dtype(dtype)
     num_src, heads, dim = x_src.shape
-    att_acc = att.to(acc)
+    att_acc = att.to(acc).contiguous()
     dx_src = torch.zeros((num_src, heads, dim), dtype=acc) if src_grad else None
     dx_dst = torch.zeros(x_dst.shape, dtype=acc)
     datt = torch.zeros((heads, dim), dtype=acc)
