@@ -91,56 +91,67 @@ def check_index_range(name, idx, num_rows):
 
 
 class TensorMemo:
-    """Facts about index tensors, each remembered until its memory changes.
+    """Facts about index tensors, each remembered until its data may have changed.
 
     A graph's index tensors are usually passed again and again, and learning a fact about one
     (its range, its order) costs a pass over E integers and, on CUDA, a wait for the GPU. An
-    entry is keyed on the tensor's base (the tensor itself, or for a view the tensor it views,
-    which shares its version counter) and on the view's place in it (offset, shape, strides,
-    dtype): ``edge_index[0]``, a new object on every call, finds the entry of the previous
-    call's view. An entry holds while that base lives, still has the same memory and has not
-    been modified in place (the version counter, which every view shares, is unchanged); it is
-    dropped with its base, so freed memory reused by a new tensor never matches. A tensor
-    that shares memory without sharing the version counter (``.data``, the views a compiled
-    graph makes with ``reinterpret_tensor``) is a new base every call, so it is checked every
-    call, never trusted. Writes that bypass PyTorch (raw pointers, DLPack producers) are not
-    seen.
+    entry is keyed on what identifies the data: the storage (held by a weak reference, so a
+    storage freed and another allocated at the same address never matches), the offset, shape,
+    strides, dtype and device. ``edge_index[0]``, a new object on every call, finds the entry of
+    the previous call's view.
+
+    An entry also names the tensor whose version counter vouches for it: the base of the tensor
+    it was learned from (the tensor itself when it is no view). Views share their base's
+    counter, so an in-place write through any of them invalidates every entry of that base. A
+    lookup holds only for a tensor with that same base, at that version, on the same memory. A
+    tensor sharing the storage but not the counter (``.data``, ``.detach()``, the aliases a
+    graph compiled by inductor passes to an op, which inductor writes through without counting)
+    is never trusted on another tensor's word: it is checked on every call. Writes that bypass
+    PyTorch (raw pointers, DLPack producers, ``.data``) are not seen.
     """
 
     def __init__(self):
-        self._entries = {}  # id(base) -> (weakref to base, {place: (version, data_ptr, fact)})
+        # key -> (weak storage, weak base, version, data_ptr, fact)
+        self._entries = {}
 
     def get(self, idx):
         """The fact recorded for ``idx``, or None if there is none or ``idx`` changed since."""
+        key, storage = _key_of(idx)
+        entry = self._entries.get(key) if key is not None else None
+        # This runs on every call: kept lean.
+        if entry is None or entry[0]() is not storage:
+            return None
         base = idx._base if idx._is_view() else idx
-        entry = self._entries.get(id(base))
-        # An entry exists only for a live base that keeps a version counter (see put), so
-        # ``_version`` is safe once the identity holds. This runs on every call: kept lean.
-        if entry is None or entry[0]() is not base:
+        if entry[1]() is not base or entry[2] != idx._version or entry[3] != storage.data_ptr():
             return None
-        fact = entry[1].get(_place(idx))
-        if fact is None or fact[0] != idx._version or fact[1] != idx.data_ptr():
-            return None
-        return fact[2]
+        return entry[4]
 
     def put(self, idx, fact):
         """Records ``fact`` (not None) for ``idx`` as it is now."""
-        version = _version_of(idx)
-        if version is None:
+        if idx.is_inference():  # no version counter: checked on every call
+            return
+        key, storage = _key_of(idx)
+        if key is None:
             return
         base = idx._base if idx._is_view() else idx
-        key = id(base)
         entries = self._entries
-        entry = entries.get(key)
-        if entry is None or entry[0]() is not base:
-            entry = (weakref.ref(base, lambda _, key=key: entries.pop(key, None)), {})
-            entries[key] = entry
-        entry[1][_place(idx)] = (version, idx.data_ptr(), fact)
+
+        def drop(_):
+            if entries.get(key) is entry:
+                del entries[key]
+
+        entry = (weakref.ref(storage, drop), weakref.ref(base, drop), idx._version, storage.data_ptr(), fact)
+        entries[key] = entry
 
 
-def _place(idx):
-    """Where a view lies in its base."""
-    return idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype
+def _key_of(idx):
+    """``(key, storage)`` of a plain tensor; ``(None, None)`` for one without a storage of its own
+    to key on (wrapper subclasses, functorch wrappers)."""
+    try:
+        storage = idx.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, None
+    return (id(storage), idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype, idx.device), storage
 
 
 class InRangeIndices(TensorMemo):
@@ -164,11 +175,6 @@ class InRangeIndices(TensorMemo):
     def add(self, idx, num_rows):
         """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
         self.put(idx, num_rows)
-
-
-def _version_of(idx):
-    # Inference tensors keep no version counter: they are checked on every call.
-    return None if idx.is_inference() else idx._version
 
 
 in_range_indices = InRangeIndices()
