@@ -84,7 +84,7 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     if dst_ptr is not None:
         if plan is not None:
             raise ValueError("pass either plan or dst_ptr, not both")
-        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, q.shape[0], validate=check_indices or not q.is_cuda)
+        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, q.shape[0])
     seed = draw_seed(generator) if dropout_p > 0 else None
     dst_group = dst_offsets = src_group = src_offsets = None
     if plan is not None and q.is_cuda:
