@@ -104,9 +104,10 @@ class TensorMemo:
     it was learned from (the tensor itself when it is no view). Views share their base's
     counter, so an in-place write through any of them invalidates every entry of that base. A
     lookup holds only for a tensor with that same base, at that version, on the same memory. A
-    tensor sharing the storage but not the counter (``.data``, ``.detach()``, the aliases a
-    graph compiled by inductor passes to an op, which inductor writes through without counting)
-    is never trusted on another tensor's word: it is checked on every call. Writes that bypass
+    tensor that shares the storage but is not known to share the counter (``.data``,
+    ``.detach()``, the aliases a graph compiled by inductor passes to an op, which inductor
+    writes through without counting) is never trusted on another tensor's word: it is checked
+    on every call. Writes that bypass
     PyTorch (raw pointers, DLPack producers, ``.data``) are not seen.
     """
 
