@@ -9,8 +9,9 @@ the CUDA kernels walk the edges grouped by destination (forward, ``dq``, ``d_edg
 source (``dk``, ``dv``); an absent grouping is built by the implementation that needs it
 (:func:`build_grouping`: on CUDA one sort and one kernel of the extension). Offsets without a
 grouping say the edges are already sorted by that side, the offsets being their CSR pointer
-(``graph_attention``'s ``dst_ptr``): the kernels then walk the edges as they are. The
-CPU implementation reads the indices as they are. The dropout seed is a 0-d int64 CPU tensor
+(``graph_attention``'s ``dst_ptr``, int32 or int64, checked against ``dst_idx`` with the index
+ranges): the kernels then walk the edges as they are. The CPU implementation reads the indices
+as they are. The dropout seed is a 0-d int64 CPU tensor
 (None without dropout) so that ``torch.compile`` can trace its drawing.
 
 ``lse`` is kept in the accumulation dtype (float64 for float64 inputs, else float32): a
@@ -22,7 +23,7 @@ import torch
 
 from . import _cpu_attention
 from ._build import cuda_module
-from ._checks import FEATURE_DTYPES, check_index_range, check_indices_pair, in_range_indices
+from ._checks import FEATURE_DTYPES, check_graph, check_indices_pair
 from .plan import MAX_ROWS, build_side, group_offsets
 
 __all__ = ["graph_attention_op", "graph_attention_backward_op", "check_inputs", "build_grouping"]
@@ -111,15 +112,11 @@ def _seed(seed):
     return 0 if seed is None else int(seed)
 
 
-def _check_ranges(q, k, src_idx, dst_idx):
-    # Waits for the device once per index tensor (remembered until it changes); not while a CUDA
-    # graph is captured, where nothing may wait: the kernels never read out of range anyway.
-    if src_idx.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    for name, idx, table in (("src_idx", src_idx, k), ("dst_idx", dst_idx, q)):
-        if not in_range_indices.covers(idx, table):
-            check_index_range(name, idx, table.shape[0])
-            in_range_indices.add(idx, table.shape[0])
+def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
+    # Offsets without a grouping are graph_attention's dst_ptr: checked with the ranges, in one
+    # pass and at most one wait for the device.
+    dst_ptr = dst_offsets if dst_group is None else None
+    check_graph(src_idx, k.shape[0], dst_idx, q.shape[0], dst_ptr)
 
 
 def build_grouping(row_idx, other_idx, num_rows, num_other):
@@ -141,14 +138,15 @@ def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
         return build_grouping(row_idx, other_idx, num_rows, num_other)
     if offsets is None:
         offsets = group_offsets(group, num_rows)
-    return group, offsets
+    return group, offsets.to(torch.int64).contiguous()  # a dst_ptr comes as given
 
 
 @torch.library.impl(_lib, "graph_attention", "CPU")
 def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                  scale, dropout_p, seed, return_attention, check_indices):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
-    _check_ranges(q, k, src_idx, dst_idx)  # always on the CPU (check_indices only spares CUDA a wait)
+    # Always on the CPU (check_indices only spares CUDA a wait).
+    _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     return _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, _seed(seed),
                                   return_attention)
 
@@ -158,7 +156,7 @@ def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
                   scale, dropout_p, seed, return_attention, check_indices):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     if check_indices:
-        _check_ranges(q, k, src_idx, dst_idx)
+        _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, q.shape[0], k.shape[0])
     return cuda_module().attention_forward(q, k, v, edge_feat, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
                                            dst_offsets, scale, dropout_p, _seed(seed), return_attention)

@@ -91,56 +91,68 @@ def check_index_range(name, idx, num_rows):
 
 
 class TensorMemo:
-    """Facts about index tensors, each remembered until its memory changes.
+    """Facts about index tensors, each remembered until its data may have changed.
 
     A graph's index tensors are usually passed again and again, and learning a fact about one
     (its range, its order) costs a pass over E integers and, on CUDA, a wait for the GPU. An
-    entry is keyed on the tensor's base (the tensor itself, or for a view the tensor it views,
-    which shares its version counter) and on the view's place in it (offset, shape, strides,
-    dtype): ``edge_index[0]``, a new object on every call, finds the entry of the previous
-    call's view. An entry holds while that base lives, still has the same memory and has not
-    been modified in place (the version counter, which every view shares, is unchanged); it is
-    dropped with its base, so freed memory reused by a new tensor never matches. A tensor
-    that shares memory without sharing the version counter (``.data``, the views a compiled
-    graph makes with ``reinterpret_tensor``) is a new base every call, so it is checked every
-    call, never trusted. Writes that bypass PyTorch (raw pointers, DLPack producers) are not
-    seen.
+    entry is keyed on what identifies the data: the storage (held by a weak reference, so a
+    storage freed and another allocated at the same address never matches), the offset, shape,
+    strides, dtype and device. ``edge_index[0]``, a new object on every call, finds the entry of
+    the previous call's view.
+
+    An entry also names the tensor whose version counter vouches for it: the base of the tensor
+    it was learned from (the tensor itself when it is no view). Views share their base's
+    counter, so an in-place write through any of them invalidates every entry of that base. A
+    lookup holds only for a tensor with that same base, at that version, on the same memory. A
+    tensor that shares the storage but is not known to share the counter (``.data``,
+    ``.detach()``, the aliases a graph compiled by inductor passes to an op, which inductor
+    writes through without counting) is never trusted on another tensor's word: it is checked
+    on every call. Writes that bypass
+    PyTorch (raw pointers, DLPack producers, ``.data``) are not seen.
     """
 
     def __init__(self):
-        self._entries = {}  # id(base) -> (weakref to base, {place: (version, data_ptr, fact)})
+        # key -> (weak storage, weak base, version, data_ptr, fact)
+        self._entries = {}
 
     def get(self, idx):
         """The fact recorded for ``idx``, or None if there is none or ``idx`` changed since."""
+        key, storage = _key_of(idx)
+        entry = self._entries.get(key) if key is not None else None
+        # This runs on every call: kept lean.
+        if entry is None or entry[0]() is not storage:
+            return None
         base = idx._base if idx._is_view() else idx
-        entry = self._entries.get(id(base))
-        # An entry exists only for a live base that keeps a version counter (see put), so
-        # ``_version`` is safe once the identity holds. This runs on every call: kept lean.
-        if entry is None or entry[0]() is not base:
+        if entry[1]() is not base or entry[2] != idx._version or entry[3] != storage.data_ptr():
             return None
-        fact = entry[1].get(_place(idx))
-        if fact is None or fact[0] != idx._version or fact[1] != idx.data_ptr():
-            return None
-        return fact[2]
+        return entry[4]
 
     def put(self, idx, fact):
         """Records ``fact`` (not None) for ``idx`` as it is now."""
-        version = _version_of(idx)
-        if version is None:
+        if idx.is_inference():  # no version counter: checked on every call
+            return
+        key, storage = _key_of(idx)
+        if key is None:
             return
         base = idx._base if idx._is_view() else idx
-        key = id(base)
         entries = self._entries
-        entry = entries.get(key)
-        if entry is None or entry[0]() is not base:
-            entry = (weakref.ref(base, lambda _, key=key: entries.pop(key, None)), {})
-            entries[key] = entry
-        entry[1][_place(idx)] = (version, idx.data_ptr(), fact)
+
+        def drop(_):
+            if entries.get(key) is entry:
+                del entries[key]
+
+        entry = (weakref.ref(storage, drop), weakref.ref(base, drop), idx._version, storage.data_ptr(), fact)
+        entries[key] = entry
 
 
-def _place(idx):
-    """Where a view lies in its base."""
-    return idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype
+def _key_of(idx):
+    """``(key, storage)`` of a plain tensor; ``(None, None)`` for one without a storage of its own
+    to key on (wrapper subclasses, functorch wrappers)."""
+    try:
+        storage = idx.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, None
+    return (id(storage), idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype, idx.device), storage
 
 
 class InRangeIndices(TensorMemo):
@@ -153,23 +165,115 @@ class InRangeIndices(TensorMemo):
     def covers(self, idx, feat):
         """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
         ``feat`` has (``feat`` may be malformed: then the answer is no)."""
-        num_rows = self.get(idx)
-        if num_rows is None:
-            return False
         try:
-            return num_rows <= feat.shape[0]
+            return self.covers_rows(idx, feat.shape[0])
         except IndexError:  # a 0-d feature tensor, refused later with its own error
             return False
+
+    def covers_rows(self, idx, num_rows):
+        """Whether ``idx`` is unchanged since it was found in range for at most ``num_rows`` rows."""
+        known = self.get(idx)
+        return known is not None and known <= num_rows
 
     def add(self, idx, num_rows):
         """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
         self.put(idx, num_rows)
 
 
-def _version_of(idx):
-    # Inference tensors keep no version counter: they are checked on every call.
-    return None if idx.is_inference() else idx._version
-
-
 in_range_indices = InRangeIndices()
 sorted_indices = TensorMemo()
+# A pointer found to agree with an index tensor: both hold one token, each until its tensor changes.
+_checked_pointers = TensorMemo()
+_checked_pointer_targets = TensorMemo()
+
+# Bits of graph_flags' answer (GraphCheckFlag in csrc/edgedot.h).
+SRC_OUT_OF_RANGE, DST_OUT_OF_RANGE, PTR_ENDS_WRONG, PTR_DECREASES, PTR_DISAGREES = 1, 2, 4, 8, 16
+
+
+def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None):
+    """Raises IndexError naming ``src_idx`` / ``dst_idx`` and the bad index if one lies outside
+    ``[0, num_src)`` / ``[0, num_dst)``, and with ``dst_ptr`` (int32/int64 ``[num_dst + 1]``, shape
+    already checked) ValueError naming it unless it is ``dst_idx``'s CSR pointer: it starts at 0,
+    ends at E, never decreases, and edge i lies in the range of its destination ``dst_idx[i]``.
+
+    What is learned is remembered (:class:`TensorMemo`): a graph passed again costs nothing. The
+    rest is one fused pass read back once (:func:`graph_flags`), so a new graph costs one wait
+    for the device; only a failing graph pays for the error's details. Nothing waits while a CUDA
+    graph is captured: the kernels never read out of range anyway."""
+    if src_idx.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    check_src = not in_range_indices.covers_rows(src_idx, num_src)
+    check_dst = not in_range_indices.covers_rows(dst_idx, num_dst)
+    check_ptr = dst_ptr is not None and not _pointer_agrees(dst_ptr, dst_idx)
+    if not (check_src or check_dst or check_ptr):
+        return
+    flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src, check_dst)
+    if flags:
+        _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr)
+    if check_src:
+        in_range_indices.add(src_idx, num_src)
+    if check_dst:
+        in_range_indices.add(dst_idx, num_dst)
+    if check_ptr:
+        token = object()
+        _checked_pointers.put(dst_ptr, token)
+        _checked_pointer_targets.put(dst_idx, token)
+
+
+def _pointer_agrees(dst_ptr, dst_idx):
+    token = _checked_pointers.get(dst_ptr)
+    return token is not None and _checked_pointer_targets.get(dst_idx) is token
+
+
+def graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
+    """The conditions of :func:`check_graph` that fail, as a bitmask (``SRC_OUT_OF_RANGE``,
+    ``DST_OUT_OF_RANGE`` when asked; ``PTR_ENDS_WRONG``, ``PTR_DECREASES``, ``PTR_DISAGREES`` with
+    ``dst_ptr``): on CUDA one kernel of the extension, one copy and one wait; elsewhere tensor
+    operations read back once."""
+    if src_idx.is_cuda:
+        from ._build import cuda_module
+        return cuda_module().check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+    device = src_idx.device
+    no = torch.zeros((), dtype=torch.bool, device=device)
+    conditions = [_out_of_range(src_idx, num_src) if check_src else no,
+                  _out_of_range(dst_idx, num_dst) if check_dst else no]
+    if dst_ptr is not None:
+        ptr = dst_ptr.to(torch.int64).contiguous()
+        num_edges = dst_idx.shape[0]
+        conditions += [(ptr[0] != 0) | (ptr[-1] != num_edges), (ptr[1:] < ptr[:-1]).any(),
+                       (_rows_of_edges(ptr, num_edges) != dst_idx).any()]
+    bits = torch.stack(conditions).tolist()
+    return sum(1 << k for k, bit in enumerate(bits) if bit)
+
+
+def _out_of_range(idx, num_rows):
+    if idx.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=idx.device)
+    lo, hi = torch.aminmax(idx)
+    return (lo < 0) | (hi >= num_rows)
+
+
+def _rows_of_edges(ptr, num_edges):
+    """The node whose range of ``ptr`` (int64, contiguous) holds each edge."""
+    return torch.searchsorted(ptr, torch.arange(num_edges, device=ptr.device), right=True) - 1
+
+
+def _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr):
+    """The error for the failed conditions ``flags``, with its details (more passes, more waits)."""
+    num_edges = dst_idx.shape[0]
+    if flags & (PTR_ENDS_WRONG | PTR_DECREASES):
+        raise ValueError(f"dst_ptr must rise from 0 to E={num_edges} without decreasing (a CSR pointer by "
+                         f"destination)")
+    if flags & PTR_DISAGREES:
+        rows = _rows_of_edges(dst_ptr.to(torch.int64).contiguous(), num_edges)
+        wrong = torch.nonzero(rows != dst_idx)
+        if wrong.numel():
+            bad = int(wrong[0, 0])
+            raise ValueError(f"dst_ptr disagrees with dst_idx: edge {bad} has destination {int(dst_idx[bad])} but "
+                             f"lies in the range of node {int(rows[bad])} (are the edges sorted by destination?)")
+    for bit, name, idx, num_rows in ((SRC_OUT_OF_RANGE, "src_idx", src_idx, num_src),
+                                     (DST_OUT_OF_RANGE, "dst_idx", dst_idx, num_dst)):
+        if flags & bit:
+            check_index_range(name, idx, num_rows)
+    # The data changed between the check and the details (another stream wrote it).
+    raise ValueError("src_idx, dst_idx or dst_ptr changed while being checked")

@@ -18,7 +18,8 @@ import math
 import torch
 
 from . import _cpu_gat
-from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _check_ranges, _grouping, _lse_dtype, _seed
+from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _grouping, _lse_dtype, _seed
+from ._attention_ops import _check_graph as _check_edges
 from ._build import cuda_module
 from ._checks import FEATURE_DTYPES, check_indices_pair
 from .plan import MAX_ROWS
@@ -165,7 +166,7 @@ def _forward_fake(x, num_dst, num_edges, return_attention):
 def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                      negative_slope, dropout_p, seed, return_attention, check_indices):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
-    _check_ranges(a_dst, x, src_idx, dst_idx)  # always on the CPU (check_indices only spares CUDA a wait)
+    _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
     return _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, _seed(seed),
                                 return_attention)
 
@@ -175,7 +176,7 @@ def _gat_forward_cuda(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_
                       negative_slope, dropout_p, seed, return_attention, check_indices):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     if check_indices:
-        _check_ranges(a_dst, x, src_idx, dst_idx)
+        _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, a_dst.shape[0], x.shape[0])
     return cuda_module().gat_forward(x, a_src, a_dst, a_edge, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
                                      dst_offsets, negative_slope, dropout_p, _seed(seed), return_attention)
@@ -225,7 +226,7 @@ def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
 def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                        src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
-    _check_ranges(x_dst, x_src, src_idx, dst_idx)
+    _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     return _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p,
                                   _seed(seed), return_attention)
 
@@ -235,7 +236,7 @@ def _gatv2_forward_cuda(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_grou
                         src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     if check_indices:
-        _check_ranges(x_dst, x_src, src_idx, dst_idx)
+        _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, x_dst.shape[0], x_src.shape[0])
     return cuda_module().gatv2_forward(x_src, x_dst, att, edge_feat, src_idx.contiguous(), dst_idx.contiguous(),
                                        dst_group, dst_offsets, negative_slope, dropout_p, _seed(seed),

@@ -3,13 +3,7 @@ a per-call sort."""
 
 import torch
 
-from ._checks import TensorMemo
-
 __all__ = ["index_to_ptr", "check_dst_ptr"]
-
-# Pointers already found to agree with an index tensor; the fact is that tensor's identity.
-_agreeing_pointers = TensorMemo()
-
 
 def index_to_ptr(idx, num_rows):
     """The CSR pointer of an index sorted in non-decreasing order: int64 ``[num_rows + 1]``,
@@ -24,15 +18,10 @@ def index_to_ptr(idx, num_rows):
     return torch.searchsorted(idx, rows)
 
 
-def _identity(t):
-    return (t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device)
-
-
-def check_dst_ptr(dst_ptr, dst_idx, num_dst, validate):
-    """``dst_ptr`` as int64, after checking its type and shape (ValueError / TypeError naming it)
-    and, with ``validate``, that it is ``dst_idx``'s CSR pointer: it starts at 0, ends at E, never
-    decreases, and edge i lies in the range of its destination ``dst_idx[i]`` (one wait for the
-    device, remembered until either tensor changes)."""
+def check_dst_ptr(dst_ptr, dst_idx, num_dst):
+    """Checks ``dst_ptr``'s type, dtype, shape and device (TypeError / ValueError naming it) and
+    returns it as given. Whether it is ``dst_idx``'s CSR pointer is checked with the indices' ranges
+    by the op (:func:`edgedot._checks.check_graph`, one wait for a new graph)."""
     if not isinstance(dst_ptr, torch.Tensor):
         raise TypeError(f"dst_ptr must be a tensor or None, got {type(dst_ptr).__name__}")
     if dst_ptr.dtype not in (torch.int32, torch.int64):
@@ -41,21 +30,4 @@ def check_dst_ptr(dst_ptr, dst_idx, num_dst, validate):
         raise ValueError(f"dst_ptr must be 1-D [num_dst + 1] = [{num_dst + 1}], got shape {tuple(dst_ptr.shape)}")
     if dst_ptr.device != dst_idx.device:
         raise ValueError(f"dst_ptr is on {dst_ptr.device} but dst_idx is on {dst_idx.device}")
-    ptr = dst_ptr.to(torch.int64).contiguous()
-    if not validate or _agreeing_pointers.get(dst_ptr) == _identity(dst_idx):
-        return ptr
-    if dst_idx.is_cuda and torch.cuda.is_current_stream_capturing():
-        return ptr  # nothing may wait during capture; the kernels turn a wrong pointer into NaN
-    num_edges = dst_idx.shape[0]
-    # One wait: every condition in one tensor, read once.
-    rows = torch.searchsorted(ptr, torch.arange(num_edges, device=ptr.device), right=True) - 1
-    ok = (ptr[0] == 0) & (ptr[-1] == num_edges) & (ptr[1:] >= ptr[:-1]).all() & (rows == dst_idx).all()
-    if not bool(ok):
-        if int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or not bool((ptr[1:] >= ptr[:-1]).all()):
-            raise ValueError(f"dst_ptr must rise from 0 to E={num_edges} without decreasing (a CSR pointer by "
-                             f"destination)")
-        bad = int(torch.nonzero(rows != dst_idx)[0, 0])
-        raise ValueError(f"dst_ptr disagrees with dst_idx: edge {bad} has destination {int(dst_idx[bad])} but lies "
-                         f"in the range of node {int(rows[bad])} (are the edges sorted by destination?)")
-    _agreeing_pointers.put(dst_ptr, _identity(dst_idx))
-    return ptr
+    return dst_ptr

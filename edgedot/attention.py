@@ -67,10 +67,13 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         deterministic: accepted for symmetry with :func:`edgedot.edge_dot`. Every path is
             bitwise reproducible already (no float atomics), with or without a plan.
         check_indices: raise ``IndexError`` naming the index tensor if an index is out of range.
-            On CUDA the check waits for the device once per index tensor (remembered until it
-            is modified in place); with ``False`` it never waits, an out-of-range source makes
-            its destination's output NaN and an out-of-range destination drops its edge. The
-            CPU always checks. Out-of-range indices are never read.
+            On CUDA the indices and ``dst_ptr`` are checked together, in one kernel and one
+            wait for the device, for a graph not seen before; what is found is remembered
+            until the tensors are modified in place (views such as ``edge_index[0]`` made anew
+            each call included), so a graph passed again does not wait. With ``False`` it
+            never waits, an out-of-range source makes its destination's output NaN and an
+            out-of-range destination drops its edge. The CPU always checks. Out-of-range
+            indices are never read.
         return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable).
 
     Returns:
@@ -125,7 +128,7 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     if dst_ptr is not None:
         if plan is not None:
             raise ValueError("pass either plan or dst_ptr, not both")
-        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, num_dst, validate=check_indices or not is_cuda)
+        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, num_dst)
     if plan is not None and is_cuda:
         return plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src")
     if dst_ptr is not None:

@@ -14,7 +14,7 @@ import torch
 
 from . import _cpu
 from ._build import cuda_module
-from ._checks import check_index_range, check_inputs, in_range_indices, output_shape, sorted_indices
+from ._checks import check_graph, check_inputs, output_shape, sorted_indices
 from .plan import check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -44,10 +44,7 @@ edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     # Out-of-range indices are always refused on the CPU (check_indices only spares CUDA a wait).
-    for name, idx, feat in (("src_idx", src_idx, src_feat), ("dst_idx", dst_idx, dst_feat)):
-        if not in_range_indices.covers(idx, feat):
-            check_index_range(name, idx, feat.shape[0])
-            in_range_indices.add(idx, feat.shape[0])
+    check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
     return _cpu.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
 

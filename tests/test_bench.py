@@ -17,8 +17,8 @@ from edgedot.bench.cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, F
 from edgedot.bench.timing import relative_error
 
 REPO = Path(__file__).resolve().parent.parent
-ATTENTION_PATHS = ["edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_layer", "pyg", "compile",
-                   "turbo"]
+ATTENTION_PATHS = ["edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_grouped_unchecked",
+                   "edgedot_layer", "pyg", "compile", "turbo"]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,8 @@ def test_quick_run_attention_baselines(quick_report):
 def test_quick_run_attention_edgedot(quick_report):
     record = quick_report[0]["cases"]["attn_arxiv_bf16"]
     for section in (ATTN_FORWARD, ATTN_FORWARD_BACKWARD):
-        for path in ("edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_layer"):
+        for path in ("edgedot", "edgedot_det", "edgedot_plan", "edgedot_grouped", "edgedot_grouped_unchecked",
+                     "edgedot_layer"):
             result = record[section][path]
             assert result["status"] == "ok", (section, path, result)
             assert result["rel_err"] <= quick_report[0]["tolerance"]["bfloat16"]

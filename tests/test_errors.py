@@ -352,17 +352,17 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
 
 @pytest.fixture
 def count_range_checks(monkeypatch):
-    """Counts the passes over index tensors (each a wait for the device on CUDA) that edge_dot's
-    CPU path and graph_attention make."""
-    from edgedot import _attention_ops, _checks, ops
+    """Counts the passes over index tensors that edge_dot's CPU path and graph_attention make
+    (``graph_flags``: on CUDA one wait for the device each), by the index tensors each covers."""
+    from edgedot import _checks
     calls = []
+    real = _checks.graph_flags
 
-    def counted(name, idx, num_rows):
-        calls.append(name)
-        return _checks.check_index_range(name, idx, num_rows)
+    def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
+        calls.extend(["src_idx"] * check_src + ["dst_idx"] * check_dst)
+        return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    monkeypatch.setattr(ops, "check_index_range", counted)
-    monkeypatch.setattr(_attention_ops, "check_index_range", counted)
+    monkeypatch.setattr(_checks, "graph_flags", counted)
     return calls
 
 

@@ -323,6 +323,8 @@ def attention_paths(case, sets, check, compiled, weights, backward):
         "edgedot_det": edgedot_op(deterministic=True),
         "edgedot_plan": edgedot_op(plans=plans),
         "edgedot_grouped": edgedot_op(grouped=True),
+        # The same without the checks that wait for the device (a trusted loader's batches).
+        "edgedot_grouped_unchecked": edgedot_op(grouped=True, check_indices=False),
         "edgedot_layer": edgedot_layer,
         "pyg": pyg_layer,
         "compile": lambda: op_path(lambda i: compiled(sets[i].q, sets[i].k, sets[i].v, *graph(i)[1:3], scale)),

@@ -85,6 +85,69 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
          dst_idx.device() == device;
 }
 
+// Host ints the graph check's flags are copied into (pinned, so the copy is a plain DMA), one set
+// per thread.
+int* host_graph_flags() {
+  thread_local int* flags = nullptr;
+  if (flags == nullptr) {
+    C10_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flags), kGraphCheckFlags * sizeof(int),
+                                 cudaHostAllocPortable));
+  }
+  return flags;
+}
+
+IndexKind kind_of(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64; }
+
+}  // namespace
+
+// Every condition of edgedot/_checks.py:check_graph on the device in one kernel, then one copy of
+// the flags to the host and one wait for the stream: bit k of the result is set when condition k
+// of GraphCheckFlag fails (the pointer's bits only with dst_ptr, the ranges' only when asked).
+int64_t check_graph(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                    const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst) {
+  TORCH_CHECK_VALUE(is_index(src_idx) && is_index(dst_idx) && src_idx.size(0) == dst_idx.size(0) && src_idx.is_cuda() &&
+                        dst_idx.device() == src_idx.device(),
+                    "edgedot: check_graph needs src_idx and dst_idx 1-D int32 or int64 of one length on one CUDA "
+                    "device");
+  TORCH_CHECK_VALUE(num_src >= 0 && num_dst >= 0, "edgedot: check_graph needs non-negative node counts");
+  if (dst_ptr.has_value()) {
+    TORCH_CHECK_VALUE(is_index(*dst_ptr) && dst_ptr->size(0) == num_dst + 1 && dst_ptr->device() == src_idx.device(),
+                      "edgedot: check_graph needs dst_ptr 1-D int32 or int64 of num_dst + 1 elements on the indices' "
+                      "device");
+  }
+  const c10::cuda::CUDAGuard guard(src_idx.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(!stream_capturing(stream), "edgedot: check_graph waits for the device, which CUDA graph capture forbids");
+  at::Tensor flags = at::empty({kGraphCheckFlags}, src_idx.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(flags.data_ptr<int>(), 0, kGraphCheckFlags * sizeof(int), stream));
+  const bool has_ptr = dst_ptr.has_value();
+  GraphCheckArgs args{src_idx.data_ptr(),
+                      dst_idx.data_ptr(),
+                      has_ptr ? dst_ptr->data_ptr() : nullptr,
+                      src_idx.stride(0),
+                      dst_idx.stride(0),
+                      has_ptr ? dst_ptr->stride(0) : 1,
+                      src_idx.size(0),
+                      num_src,
+                      num_dst,
+                      check_src,
+                      check_dst,
+                      flags.data_ptr<int>()};
+  launch_check_graph(args, kind_of(src_idx), kind_of(dst_idx), has_ptr ? kind_of(*dst_ptr) : IndexKind::i64, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  int* host = host_graph_flags();
+  C10_CUDA_CHECK(cudaMemcpyAsync(host, flags.data_ptr<int>(), kGraphCheckFlags * sizeof(int), cudaMemcpyDeviceToHost,
+                                 stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int64_t mask = 0;
+  for (int k = 0; k < kGraphCheckFlags; ++k) {
+    if (host[k] != 0) mask |= int64_t{1} << k;
+  }
+  return mask;
+}
+
+namespace {
+
 // Index tensors a checked forward found in range, each remembered until its memory changes, by the
 // rule of edgedot/_checks.py:TensorMemo: keyed on the tensor's base (itself, or the tensor a view
 // views, which shares its version counter) and the view's place in it, so edge_index[0], a new
@@ -710,6 +773,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("group_edges", &edgedot::group_edges,
         "edgedot.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
+  m.def("check_graph", &edgedot::check_graph,
+        "src_idx, dst_idx and dst_ptr validated in one kernel and one wait: a bitmask of failed conditions (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha) (CUDA)");

@@ -129,6 +129,31 @@ void launch_edge_order(const void* row_idx, IndexKind row_index, const void* oth
 void launch_cast_indices(const void* src_idx, const void* dst_idx, ScalarKind kind, int64_t num_edges, int32_t* out,
                          cudaStream_t stream);
 
+// The conditions edgedot/_checks.py:check_graph asks of a graph, one device flag each (ints set to
+// 1 when the condition fails, never cleared: the caller zeroes them).
+enum GraphCheckFlag : int {
+  kSrcOutOfRange,  // some src_idx[i] outside [0, num_src) (with check_src)
+  kDstOutOfRange,  // some dst_idx[i] outside [0, num_dst) (with check_dst)
+  kPtrEndsWrong,   // dst_ptr[0] != 0 or dst_ptr[num_dst] != num_edges
+  kPtrDecreases,   // dst_ptr[r + 1] < dst_ptr[r] for some r
+  kPtrDisagrees,   // edge i outside [dst_ptr[d], dst_ptr[d + 1]) of its destination d = dst_idx[i]
+  kGraphCheckFlags
+};
+
+struct GraphCheckArgs {
+  const void* src_idx;  // [num_edges], element stride src_stride
+  const void* dst_idx;  // [num_edges], element stride dst_stride
+  const void* dst_ptr;  // [num_dst + 1], element stride ptr_stride; null: no pointer to check
+  int64_t src_stride, dst_stride, ptr_stride;
+  int64_t num_edges, num_src, num_dst;
+  bool check_src, check_dst;
+  int* flags;  // [kGraphCheckFlags] device ints, zeroed
+};
+
+// One kernel over the edges and the pointer (csrc/check_graph.cu).
+void launch_check_graph(const GraphCheckArgs& args, IndexKind src_index, IndexKind dst_index, IndexKind ptr_index,
+                        cudaStream_t stream);
+
 // Bytes of L2 cache of the current device (cached).
 int64_t l2_cache_bytes();
 
