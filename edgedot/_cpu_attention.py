@@ -7,15 +7,12 @@ saved log-sum-exp (FlashAttention's recomputation), so nothing of ``E x H`` is k
 passes.
 """
 
-import math
-
 import torch
+
+from . import _dropout
 
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 18
-
-_MASK = 0xFFFFFFFF
-
 
 def acc_dtype(dtype):
     """The accumulation dtype: float64 for float64, float32 for everything else."""
@@ -35,36 +32,19 @@ def _rows(idx, start, stop):
     return idx[start:stop].to(torch.int32)
 
 
-def _mul32(x, c):
-    # (x * c) mod 2**32 for 0 <= x, c < 2**32, in int64 without overflow: split c in 16-bit halves.
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK
+def keep_mask(key, start, stop, heads, p, device):
+    """The dropout mask of edges ``start..stop`` (bool ``[stop - start, heads]``) under the key
+    of a call (:func:`edgedot._dropout.key`): head ``h`` of edge ``e`` is element ``e * heads + h``."""
+    return _dropout.keep_mask(key, start * heads, (stop - start) * heads, p, device).reshape(stop - start, heads)
 
 
-def _mix32(x):
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def keep_mask(seed, start, stop, heads, p, device):
-    """The dropout mask of edges ``start..stop`` (bool ``[stop - start, heads]``): a hash of
-    ``(seed, e * heads + h)``, identical to the CUDA kernels' (uint32 arithmetic done in int64)."""
-    c = torch.arange(start * heads, stop * heads, dtype=torch.int64, device=device)
-    u = _mix32((c & _MASK) ^ (seed & _MASK))
-    u = _mix32(u ^ ((c >> 32) & _MASK) ^ ((seed >> 32) & _MASK))
-    threshold = min(math.floor(p * 2**32), 2**32)
-    return (u >= threshold).reshape(stop - start, heads)
-
-
-def _kept(alpha, seed, start, stop, p):
+def _kept(alpha, key, start, stop, p):
     """``alpha * keep / (1 - p)`` for the chunk: dropout without renormalisation."""
     if p == 0:
         return alpha
     if p >= 1:
         return torch.zeros_like(alpha)
-    return alpha * keep_mask(seed, start, stop, alpha.shape[1], p, alpha.device) / (1 - p)
+    return alpha * keep_mask(key, start, stop, alpha.shape[1], p, alpha.device) / (1 - p)
 
 
 def _gather(table, idx, acc):
@@ -76,8 +56,9 @@ def _keys(k, edge_feat, src, start, stop, acc):
     return keys if edge_feat is None else keys + edge_feat[start:stop].to(acc)
 
 
-def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return_attention):
-    """Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
+def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_attention):
+    """``key``: the dropout mask's (:func:`edgedot._dropout.key`). Returns ``(out [Nd, H, Dv] in
+    q's dtype, lse [Nd, H] in the accumulation dtype,
     alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape
@@ -107,7 +88,7 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return
         values = _gather(v, src, acc)
         if edge_feat is not None:
             values += edge_feat[start:stop].to(acc)
-        weighted.index_add_(0, dst, _kept(weight, seed, start, stop, dropout_p)[..., None] * values)
+        weighted.index_add_(0, dst, _kept(weight, key, start, stop, dropout_p)[..., None] * values)
 
     # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
     # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
@@ -121,7 +102,7 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return
     return out, lse, alpha.to(q.dtype)
 
 
-def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, seed, edge_feat_grad):
+def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, key, edge_feat_grad):
     """Returns ``(dq, dk, dv, d_edge_feat)`` in the inputs' dtype, ``d_edge_feat`` an empty
     ``[0]`` tensor unless ``edge_feat_grad``."""
     acc = acc_dtype(q.dtype)
@@ -144,10 +125,10 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
             values += edge_feat[start:stop].to(acc)
         grads = dout.index_select(0, dst)
         alpha = torch.exp(scale * (queries * keys).sum(-1) - lse.index_select(0, dst))
-        kept = _kept(alpha, seed, start, stop, dropout_p)
+        kept = _kept(alpha, key, start, stop, dropout_p)
         dp = (grads * values).sum(-1)
         # d score = alpha * (dp * keep / (1 - p) - delta); kept / alpha is that factor.
-        ds = scale * (_kept(dp, seed, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
+        ds = scale * (_kept(dp, key, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
         dead = alpha == 0
         if dead.any():
             # An edge of weight exactly 0 (a -inf score) adds nothing, even where its key or
