@@ -61,6 +61,9 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
             torch's own dropout does; in a CUDA graph, a generator other than the default must
             be registered with the graph (``CUDAGraph.register_generator_state``). On CPU the
             seed is a 64-bit integer drawn from the generator and the offset is 0.
+            ``torch.compile`` traces calls with the default generator (None), which draw when
+            they run, as in eager mode; a generator object breaks the graph at the call (an
+            error with ``fullgraph=True``).
         plan: an :class:`edgedot.EdgePlan` of this graph (``EdgePlan(src_idx, dst_idx, Ns,
             Nd)``): the edges' groupings by destination and by source are then built once
             instead of in every call.
@@ -151,8 +154,12 @@ def dropout_keep(rng_state, num_edges, heads, p, device=None):
     if device is None:
         device = rng_state.device if isinstance(rng_state, torch.Tensor) else "cpu"
     for name, value in (("num_edges", num_edges), ("heads", heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must be a real number in [0, 1], got {p!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"p must be a real number, got {type(p).__name__}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must lie in [0, 1], got {p}")
     return _cpu_attention.keep_mask(_dropout.key(seed, offset), 0, num_edges, heads, p, device)
