@@ -115,7 +115,8 @@ attention_forward_kernel(AttentionForwardArgs a, int group, bool alpha_pass) {
             if (!(s[j] > -inf)) continue;  // NaN, -inf, or past the end
             const A p = accurate_exp(s[j] - m);
             l += p;
-            add_scaled(acc, p * keep_weight<A>(in.dropout, key, e[j].edge, h, heads), vr[j], er[j], kHasEdgeFeat, t, vvec);
+            add_scaled(acc, p * keep_weight<A>(in.dropout, key, e[j].edge, h, heads), vr[j], er[j], kHasEdgeFeat, t,
+                       vvec);
           }
         });
     const int64_t unit = int64_t{w.row} * heads + h;
