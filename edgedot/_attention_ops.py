@@ -1,7 +1,7 @@
 """The graph-attention custom operators: schemas, per-device implementations, fake tensors,
 autograd.
 
-``edgedot::graph_attention``           forward: ``(out, lse, alpha)``.
+``edgedot::graph_attention``           forward: ``(out, lse, alpha, rng_state)``.
 ``edgedot::graph_attention_backward``  ``(dq, dk, dv, d_edge_feat)`` by recomputation from ``lse``.
 
 Groupings (``edgedot.plan.build_side`` and ``group_offsets``) ride along as optional tensors:
@@ -11,8 +11,14 @@ source (``dk``, ``dv``); an absent grouping is built by the implementation that 
 grouping say the edges are already sorted by that side, the offsets being their CSR pointer
 (``graph_attention``'s ``dst_ptr``, int32 or int64, checked against ``dst_idx`` with the index
 ranges): the kernels then walk the edges as they are. The CPU implementation reads the indices
-as they are. The dropout seed is a 0-d int64 CPU tensor
-(None without dropout) so that ``torch.compile`` can trace its drawing.
+as they are.
+
+Dropout (:mod:`edgedot._dropout`): the forward draws its ``(seed, offset)`` from ``generator`` (None:
+the default generator of the inputs' device) when it runs, and returns it as ``rng_state`` (int64
+``[2]`` on the inputs' device; ``[0]`` without dropout), which the backward takes. Drawing inside
+the implementation keeps ``torch.compile`` tracing the op (the fake implementation draws nothing)
+and CUDA graphs replaying fresh masks; the forward carries the ``nondeterministic_seeded`` tag,
+so that no compiler pass merges two calls or recomputes one.
 
 ``lse`` is kept in the accumulation dtype (float64 for float64 inputs, else float32): a
 float32 log-sum-exp of logits around 1e4 is off by about 1e-3, which would cost float64
@@ -21,7 +27,7 @@ gradients their precision.
 
 import torch
 
-from . import _cpu_attention
+from . import _cpu_attention, _dropout
 from ._build import cuda_module
 from ._checks import FEATURE_DTYPES, check_graph, check_indices_pair
 from .plan import MAX_ROWS, build_side, group_offsets
@@ -34,11 +40,12 @@ _lib = torch.library.Library("edgedot", "FRAGMENT")
 _lib.define(
     "graph_attention(Tensor q, Tensor k, Tensor v, Tensor? edge_feat, Tensor src_idx, Tensor dst_idx, "
     "Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, Tensor? src_offsets, float scale, "
-    "float dropout_p, Tensor? seed, bool return_attention, bool check_indices) -> (Tensor, Tensor, Tensor)")
+    "float dropout_p, Generator? generator, bool return_attention, bool check_indices) "
+    "-> (Tensor, Tensor, Tensor, Tensor)", tags=(torch.Tag.nondeterministic_seeded,))
 _lib.define(
     "graph_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? edge_feat, Tensor out, "
     "Tensor lse, Tensor src_idx, Tensor dst_idx, Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, "
-    "Tensor? src_offsets, float scale, float dropout_p, Tensor? seed, bool edge_feat_grad, bool kv_grad) "
+    "Tensor? src_offsets, float scale, float dropout_p, Tensor? rng_state, bool edge_feat_grad, bool kv_grad) "
     "-> (Tensor, Tensor, Tensor, Tensor)")
 
 graph_attention_op = torch.ops.edgedot.graph_attention.default
@@ -97,11 +104,12 @@ def check_inputs(q, k, v, src_idx, dst_idx, edge_feat):
             raise ValueError(f"{name} has {t.shape[0]} rows; graph_attention takes at most {MAX_ROWS}")
 
 
-def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p):
+def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator=None):
     """The checks every implementation repeats."""
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
+    _dropout.check_generator(generator, q.device)
 
 
 def _lse_dtype(dtype):
@@ -143,48 +151,53 @@ def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
 
 @torch.library.impl(_lib, "graph_attention", "CPU")
 def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                 scale, dropout_p, seed, return_attention, check_indices):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+                 scale, dropout_p, generator, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     # Always on the CPU (check_indices only spares CUDA a wait).
     _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
-    return _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, _seed(seed),
-                                  return_attention)
+    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(q)
+    key = _dropout.recorded_key(rng_state, dropout_p)
+    out, lse, alpha = _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
+                                             return_attention)
+    return out, lse, alpha, rng_state
 
 
 @torch.library.impl(_lib, "graph_attention", "CUDA")
 def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                  scale, dropout_p, seed, return_attention, check_indices):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+                  scale, dropout_p, generator, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     if check_indices:
         _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, q.shape[0], k.shape[0])
+    # The extension draws the dropout state from the CUDA generator (no wait for the device).
     return cuda_module().attention_forward(q, k, v, edge_feat, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
-                                           dst_offsets, scale, dropout_p, _seed(seed), return_attention)
+                                           dst_offsets, scale, dropout_p, generator, return_attention)
 
 
 @torch.library.register_fake("edgedot::graph_attention")
 def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                  scale, dropout_p, seed, return_attention, check_indices):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+                  scale, dropout_p, generator, return_attention, check_indices):
+    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     num_dst, heads = q.shape[0], q.shape[1]
     out = q.new_empty((num_dst, heads, v.shape[-1]))
     lse = q.new_empty((num_dst, heads), dtype=_lse_dtype(q.dtype))
     alpha = q.new_empty((src_idx.shape[0], heads) if return_attention else (0,))
-    return out, lse, alpha
+    return out, lse, alpha, _dropout.fake_state(q, dropout_p)
 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CPU")
 def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                  src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
+                  src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    key = _dropout.recorded_key(rng_state, dropout_p)
     dq, dk, dv, d_edge_feat = _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
-                                                      dropout_p, _seed(seed), edge_feat_grad)
+                                                      dropout_p, key, edge_feat_grad)
     return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)
 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CUDA")
 def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                   src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
+                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     num_dst, num_src = q.shape[0], k.shape[0]
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
@@ -192,12 +205,12 @@ def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst
         src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
     return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, src_idx.contiguous(),
                                             dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                            scale, dropout_p, _seed(seed), edge_feat_grad, kv_grad)
+                                            scale, dropout_p, rng_state, edge_feat_grad, kv_grad)
 
 
 @torch.library.register_fake("edgedot::graph_attention_backward")
 def _backward_fake(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                   src_offsets, scale, dropout_p, seed, edge_feat_grad, kv_grad):
+                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     d_edge_feat = q.new_empty((src_idx.shape[0], q.shape[1], q.shape[2]) if edge_feat_grad else (0,))
     dk, dv = (k.new_empty(k.shape), v.new_empty(v.shape)) if kv_grad else (k.new_empty(0), v.new_empty(0))
@@ -210,25 +223,25 @@ _Q, _K, _V, _EDGE_FEAT = 0, 1, 2, 3
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-     scale, dropout_p, seed, _, _) = inputs
-    out, lse, alpha = output
+     scale, dropout_p, _, _, _) = inputs
+    out, lse, alpha, rng_state = output
     # alpha is returned for inspection: the backward has no term for it.
-    ctx.mark_non_differentiable(lse, alpha)
+    ctx.mark_non_differentiable(lse, alpha, rng_state)
     ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
     ctx.save_for_backward(q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                          src_offsets, seed)
+                          src_offsets, rng_state)
     ctx.scale, ctx.dropout_p = scale, dropout_p
 
 
-def _backward(ctx, grad_out, grad_lse, grad_alpha):
+def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
     if grad_out is None:  # out's gradient is undefined: so are the inputs'
         return (None,) * 15
     (q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-     seed) = ctx.saved_tensors
+     rng_state) = ctx.saved_tensors
     needs = ctx.needs_input_grad
     dq, dk, dv, d_edge_feat = graph_attention_backward_op(
         grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-        src_offsets, ctx.scale, ctx.dropout_p, seed, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
+        src_offsets, ctx.scale, ctx.dropout_p, rng_state, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
     return (dq if needs[_Q] else None, dk if needs[_K] else None, dv if needs[_V] else None,
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 

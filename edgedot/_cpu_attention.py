@@ -7,15 +7,12 @@ saved log-sum-exp (FlashAttention's recomputation), so nothing of ``E x H`` is k
 passes.
 """
 
-import math
-
 import torch
+
+from . import _dropout
 
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 18
-
-_MASK = 0xFFFFFFFF
-
 
 def acc_dtype(dtype):
     """The accumulation dtype: float64 for float64, float32 for everything else."""
@@ -35,36 +32,19 @@ def _rows(idx, start, stop):
     return idx[start:stop].to(torch.int32)
 
 
-def _mul32(x, c):
-    # (x * c) mod 2**32 for 0 <= x, c < 2**32, in int64 without overflow: split c in 16-bit halves.
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK
+def keep_mask(key, start, stop, heads, p, device):
+    """The dropout mask of edges ``start..stop`` (bool ``[stop - start, heads]``) under the key
+    of a call (:func:`edgedot._dropout.key`): head ``h`` of edge ``e`` is element ``e * heads + h``."""
+    return _dropout.keep_mask(key, start * heads, (stop - start) * heads, p, device).reshape(stop - start, heads)
 
 
-def _mix32(x):
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def keep_mask(seed, start, stop, heads, p, device):
-    """The dropout mask of edges ``start..stop`` (bool ``[stop - start, heads]``): a hash of
-    ``(seed, e * heads + h)``, identical to the CUDA kernels' (uint32 arithmetic done in int64)."""
-    c = torch.arange(start * heads, stop * heads, dtype=torch.int64, device=device)
-    u = _mix32((c & _MASK) ^ (seed & _MASK))
-    u = _mix32(u ^ ((c >> 32) & _MASK) ^ ((seed >> 32) & _MASK))
-    threshold = min(math.floor(p * 2**32), 2**32)
-    return (u >= threshold).reshape(stop - start, heads)
-
-
-def _kept(alpha, seed, start, stop, p):
+def _kept(alpha, key, start, stop, p):
     """``alpha * keep / (1 - p)`` for the chunk: dropout without renormalisation."""
     if p == 0:
         return alpha
     if p >= 1:
         return torch.zeros_like(alpha)
-    return alpha * keep_mask(seed, start, stop, alpha.shape[1], p, alpha.device) / (1 - p)
+    return alpha * keep_mask(key, start, stop, alpha.shape[1], p, alpha.device) / (1 - p)
 
 
 def _gather(table, idx, acc):
@@ -76,7 +56,7 @@ def _keys(k, edge_feat, src, start, stop, acc):
     return keys if edge_feat is None else keys + edge_feat[start:stop].to(acc)
 
 
-def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p, seed, return_attention, dtype):
+def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p, key, return_attention, dtype):
     """The softmax over each destination's incoming edges and the weighted sum of values, in
     chunks of edges: ``score(start, stop, src, dst)`` gives the chunk's ``[stop - start, H]``
     scores and ``values(start, stop, src)`` its ``[stop - start, H, dim_v]`` values, both in the
@@ -106,7 +86,7 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
         total.index_add_(0, dst, weight)
         if alpha is not None:
             alpha[start:stop] = weight
-        weighted.index_add_(0, dst, _kept(weight, seed, start, stop, dropout_p)[..., None] * values(start, stop, src))
+        weighted.index_add_(0, dst, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
 
     # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
     # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
@@ -120,7 +100,7 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
     return out, lse, alpha.to(dtype)
 
 
-def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dropout_p, seed):
+def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dropout_p, key):
     """The backward of :func:`softmax_forward` up to the scores, recomputed from ``lse``: yields
     per chunk of edges ``(start, stop, src, dst, ds, dead, kept, grads, extra)`` with ``ds`` the
     gradient of the chunk's scores (0 on edges of weight exactly 0, which add nothing even where a
@@ -137,15 +117,15 @@ def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dr
         grads = dout.index_select(0, dst)
         dp = (grads * values(start, stop, src)).sum(-1)
         # d score = alpha * (dp * keep / (1 - p) - delta).
-        ds = (_kept(dp, seed, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
+        ds = (_kept(dp, key, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
         dead = alpha == 0
         if dead.any():
             ds = ds.masked_fill(dead, 0)
-        yield start, stop, src, dst, ds, dead, _kept(alpha, seed, start, stop, dropout_p), grads, extra
+        yield start, stop, src, dst, ds, dead, _kept(alpha, key, start, stop, dropout_p), grads, extra
 
 
-def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return_attention):
-    """Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
+def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_attention):
+    """``key``: the dropout mask's (:func:`edgedot._dropout.key`). Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
     alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape
@@ -154,7 +134,7 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return
         return scale * (_gather(q, dst, acc) * _keys(k, edge_feat, src, start, stop, acc)).sum(-1)
 
     return softmax_forward(score, _values(v, edge_feat, acc), src_idx, dst_idx, (num_dst, heads, v.shape[-1]),
-                           max(dim, v.shape[-1]), dropout_p, seed, return_attention, q.dtype)
+                           max(dim, v.shape[-1]), dropout_p, key, return_attention, q.dtype)
 
 
 def _values(v, edge_feat, acc):
@@ -164,7 +144,7 @@ def _values(v, edge_feat, acc):
     return values
 
 
-def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, seed, edge_feat_grad):
+def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, key, edge_feat_grad):
     """Returns ``(dq, dk, dv, d_edge_feat)`` in the inputs' dtype, ``d_edge_feat`` an empty
     ``[0]`` tensor unless ``edge_feat_grad``."""
     acc = acc_dtype(q.dtype)
@@ -182,7 +162,7 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
 
     for start, stop, src, dst, ds, dead, kept, grads, (queries, keys) in softmax_grads(
             grad_out, out, lse.to(acc), score, _values(v, edge_feat, acc), src_idx, dst_idx, max(dim, dim_v),
-            dropout_p, seed):
+            dropout_p, key):
         ds = scale * ds
         if dead.any():
             keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN

@@ -203,12 +203,9 @@ class TransformerConv(MessagePassing):
         src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
             (edge_index[1], edge_index[0])
         dropout_p = self.dropout if self.training else 0.0
-        seed: Optional[Tensor] = None
-        if dropout_p > 0:
-            seed = torch.randint(-9223372036854775807 - 1, 9223372036854775807, [1], dtype=torch.long)[0]
-        out, _, alpha = torch.ops.edgedot.graph_attention(
+        out, _, alpha, _ = torch.ops.edgedot.graph_attention(
             query, key, value, edge_feat, src, dst, None, None, None, None, 1.0 / math.sqrt(self.out_channels),
-            float(dropout_p), seed, want_alpha, True)
+            float(dropout_p), None, want_alpha, True)
         return self._combine(out, x_dst), alpha
 
     def _project(self, x_src: Tensor, x_dst: Tensor, edge_attr: OptTensor

@@ -6,12 +6,12 @@ import numbers
 
 import torch
 
-from . import _cpu_attention
+from . import _cpu_attention, _dropout
 from ._attention_ops import build_grouping, check_inputs, graph_attention_op
 from ._grouped import check_dst_ptr, index_to_ptr
 from .plan import EdgePlan
 
-__all__ = ["graph_attention", "dropout_keep", "draw_seed", "index_to_ptr"]
+__all__ = ["graph_attention", "dropout_keep", "next_dropout_state", "index_to_ptr"]
 
 
 def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dropout_p=0.0, generator=None,
@@ -47,12 +47,23 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         scale: the logits' factor, ``1 / sqrt(D)`` by default.
         edge_feat: optional ``[E, H, D]`` edge features added to the keys and to the values
             (PyG's ``edge_dim``; needs ``Dv == D``).
-        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics); the mask is
-            a hash of the seed, the edge and the head, regenerated in the backward instead of
-            stored. Apply it only in training.
-        generator: the ``torch.Generator`` the dropout seed is drawn from (default: torch's
-            default generator). ``torch.compile`` cannot trace a generator argument: leave it
-            None in compiled code.
+        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics). Each call
+            draws a state ``(seed, offset)`` from ``generator``; the mask is a hash of the
+            state, the edge and the head (the same on CPU and CUDA, whatever the edge order),
+            regenerated in the backward from the state the forward recorded instead of stored.
+            :func:`next_dropout_state` tells the state a call will draw, :func:`dropout_keep`
+            the mask of a state. On CUDA dropout adds no wait for the device, and a call
+            captured in a CUDA graph draws a new mask at each replay. Apply it only in training.
+        generator: the ``torch.Generator`` dropout draws from: one of the inputs' device (a CPU
+            generator for CPU inputs, a CUDA generator of their device for CUDA inputs;
+            ``ValueError`` otherwise), by default that device's default generator. On CUDA the
+            state is the generator's Philox seed and offset, which each call moves on by 4, as
+            torch's own dropout does; in a CUDA graph, a generator other than the default must
+            be registered with the graph (``CUDAGraph.register_generator_state``). On CPU the
+            seed is a 64-bit integer drawn from the generator and the offset is 0.
+            ``torch.compile`` traces calls with the default generator (None), which draw when
+            they run, as in eager mode; a generator object breaks the graph at the call (an
+            error with ``fullgraph=True``).
         plan: an :class:`edgedot.EdgePlan` of this graph (``EdgePlan(src_idx, dst_idx, Ns,
             Nd)``): the edges' groupings by destination and by source are then built once
             instead of in every call.
@@ -82,11 +93,10 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     """
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     scale = _check_scale(q, scale)
-    check_options(dropout_p, generator, plan, check_indices, return_attention, deterministic)
+    check_options(q.device, dropout_p, generator, plan, check_indices, return_attention, deterministic)
     groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices)
-    seed = draw_seed(generator) if dropout_p > 0 else None
     out, _, alpha = graph_attention_op(q, k, v, edge_feat, src_idx, dst_idx, *groups, float(scale), float(dropout_p),
-                                       seed, return_attention, check_indices)
+                                       generator, return_attention, check_indices)[:3]
     return (out, alpha) if return_attention else out
 
 
@@ -101,15 +111,14 @@ def _check_scale(q, scale):
     return scale
 
 
-def check_options(dropout_p, generator, plan, check_indices, return_attention, deterministic=None):
+def check_options(device, dropout_p, generator, plan, check_indices, return_attention, deterministic=None):
     """Checks the keyword arguments the attention functions share (TypeError / ValueError naming
-    the argument)."""
+    the argument); ``device`` is the inputs'."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    _dropout.check_generator(generator, device)
     if plan is not None and not isinstance(plan, EdgePlan):
         raise TypeError(f"plan must be an edgedot.EdgePlan or None, got {type(plan).__name__}")
     for name, flag, optional in (("deterministic", deterministic, True), ("check_indices", check_indices, False),
@@ -139,18 +148,33 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     return None, None, None, None
 
 
-def draw_seed(generator=None):
-    """The dropout seed: a 0-d int64 CPU tensor drawn from ``generator`` (default: torch's
-    default CPU generator). A call of :func:`graph_attention` with ``dropout_p > 0`` draws
-    exactly this, so a generator in a known state gives a known mask (:func:`dropout_keep`)."""
-    device = "cpu" if generator is None else generator.device
-    seed = torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64, device=device, generator=generator)
-    return seed.cpu()
+def next_dropout_state(device="cpu", generator=None):
+    """The dropout state ``(seed, offset)``, an int64 ``[2]`` CPU tensor, that the next call of
+    :func:`graph_attention` with ``dropout_p > 0`` on ``device`` draws from ``generator``
+    (default: the device's default generator). Nothing is drawn: the generator stays as it is.
+    Pass the state to :func:`dropout_keep` for the call's mask. Before a CUDA graph's replay it
+    tells the state of the graph's first call with dropout."""
+    return _dropout.next_state(device, generator)
 
 
-def dropout_keep(seed, num_edges, heads, p, device="cpu"):
-    """The dropout mask of :func:`graph_attention`: bool ``[num_edges, heads]``, True where
-    ``alpha`` is kept. A hash of ``(seed, e * heads + h)``, the same on CPU and CUDA, so it does
-    not depend on the order the edges are visited in; ``seed`` is an int or a 0-d tensor
-    (:func:`draw_seed`)."""
-    return _cpu_attention.keep_mask(int(seed), 0, num_edges, heads, p, device)
+def dropout_keep(rng_state, num_edges, heads, p, device=None):
+    """The dropout mask of a :func:`graph_attention` call that drew ``rng_state``: bool
+    ``[num_edges, heads]``, True where ``alpha`` is kept (then scaled by ``1 / (1 - p)``).
+
+    ``rng_state`` is :func:`next_dropout_state`'s tensor (taken before the call), or the
+    ``(seed, offset)`` pair as ints. The mask is a hash of the state and ``e * heads + h``,
+    the same on CPU and CUDA, so it does not depend on the order the edges are visited in.
+    It is made on ``device`` (default: ``rng_state``'s device, or the CPU)."""
+    seed, offset = _dropout.state_pair(rng_state)
+    if device is None:
+        device = rng_state.device if isinstance(rng_state, torch.Tensor) else "cpu"
+    for name, value in (("num_edges", num_edges), ("heads", heads)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"p must be a real number, got {type(p).__name__}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must lie in [0, 1], got {p}")
+    return _cpu_attention.keep_mask(_dropout.key(seed, offset), 0, num_edges, heads, p, device)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _cpu_attention
-from edgedot.attention import draw_seed, dropout_keep
+from edgedot import _cpu_attention, _dropout
+from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -182,7 +182,7 @@ def test_non_finite_scores(device, dtype):
     dst = torch.tensor([0, 0, 1, 1, 1, 2, 2, 1], device=device)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     scale = dim ** -0.5
-    out, lse, alpha = OP(q, k, v, None, src, dst, None, None, None, None, scale, 0.0, None, True, True)
+    out, lse, alpha, _ = OP(q, k, v, None, src, dst, None, None, None, None, scale, 0.0, None, True, True)
     assert torch.isnan(out[[0, 2]]).all() and torch.isnan(lse[[0, 2]]).all()
     assert torch.isfinite(out[1]).all() and torch.isfinite(lse[1]).all()
     assert torch.equal(out[3], torch.zeros_like(out[3])) and (lse[3] == float("-inf")).all()
@@ -273,7 +273,7 @@ def test_bitwise_repeat(device, dtype):
     def run(**kwargs):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, ef)]
         out, alpha = edgedot.graph_attention(*leaves[:3], src, dst, edge_feat=leaves[3], return_attention=True,
-                                             dropout_p=0.2, generator=torch.Generator().manual_seed(4), **kwargs)
+                                             dropout_p=0.2, generator=torch.Generator(device).manual_seed(4), **kwargs)
         return (out, alpha) + torch.autograd.grad(out, leaves, grad_out)
 
     first = run()
@@ -307,23 +307,40 @@ def _mix32_numpy(x):
     return x
 
 
-def _keep_numpy(seed, first_edge, num_edges, heads, p):
+def _mix64_numpy(x):
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key_numpy(seed, offset):
+    """The key of state (seed, offset) in native uint64 arithmetic."""
+    with np.errstate(over="ignore"):
+        mixed = _mix64_numpy(np.array([offset % 2**64], dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        return int(_mix64_numpy(np.array([seed % 2**64], dtype=np.uint64) ^ mixed)[0])
+
+
+def _keep_numpy(seed, offset, first_edge, num_edges, heads, p):
     """The interface's hash in native uint32/uint64 arithmetic (numpy wraps on overflow)."""
     with np.errstate(over="ignore"):
         c = np.arange(first_edge * heads, (first_edge + num_edges) * heads, dtype=np.uint64)
-        s = seed % 2**64
+        s = _key_numpy(seed, offset)
         u = _mix32_numpy((c & np.uint64(0xFFFFFFFF)).astype(np.uint32) ^ np.uint32(s & 0xFFFFFFFF))
         u = _mix32_numpy(u ^ (c >> np.uint64(32)).astype(np.uint32) ^ np.uint32(s >> 32))
     threshold = min(int(p * 2**32), 2**32)
     return torch.from_numpy(u.astype(np.int64) >= threshold).reshape(num_edges, heads)
 
 
+@pytest.mark.parametrize("offset", [0, 4, 2**63 - 4])
 @pytest.mark.parametrize("seed", [0, 1, -1, 2**62 + 12345, -(2**63)])
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
-def test_dropout_keep_hash(seed, p):
-    keep = dropout_keep(seed, 257, 3, p)
+def test_dropout_keep_hash(seed, offset, p):
+    keep = dropout_keep((seed, offset), 257, 3, p)
     assert keep.dtype == torch.bool and keep.shape == (257, 3)
-    assert torch.equal(keep, _keep_numpy(seed, 0, 257, 3, p))
+    assert torch.equal(keep, _keep_numpy(seed, offset, 0, 257, 3, p))
+    assert torch.equal(dropout_keep(torch.tensor([seed, offset]), 257, 3, p), keep)
     if p == 0:
         assert keep.all()
     if p == 1:
@@ -331,24 +348,25 @@ def test_dropout_keep_hash(seed, p):
 
 
 def test_dropout_keep_rate_and_edge_ids_past_2_to_32():
-    keep = dropout_keep(123, 200_000, 4, 0.3)
+    keep = dropout_keep((123, 0), 200_000, 4, 0.3)
     assert abs(keep.float().mean().item() - 0.7) < 0.005
     # Counters e * H + h past 2**32 feed their high half into the second round.
     start = 2**32 // 4 - 2
-    part = _cpu_attention.keep_mask(-77, start, start + 4, 4, 0.5, "cpu")
-    assert torch.equal(part, _keep_numpy(-77, start, 4, 4, 0.5))
+    part = _cpu_attention.keep_mask(_dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
+    assert torch.equal(part, _keep_numpy(-77, 8, start, 4, 4, 0.5))
 
 
 @pytest.mark.parametrize("p", [0.3, 1.0])
 @pytest.mark.parametrize("device", DEVICES)
 def test_dropout_matches_reference_with_mask(device, p, small_chunks):
     """The output and every gradient equal the reference's under the mask dropout_keep gives
-    for the seed drawn from the generator: the backward regenerates the forward's mask."""
+    for the state the call draws: the backward regenerates the forward's mask."""
     q, k, v, src, dst, ef = make_inputs(device=device, edge_feat=True, dim=16)
-    seed = draw_seed(torch.Generator().manual_seed(21))
-    keep = dropout_keep(seed, src.shape[0], q.shape[1], p, device)
+    generator = torch.Generator(device).manual_seed(21)
+    state = next_dropout_state(device, generator)
+    keep = dropout_keep(state, src.shape[0], q.shape[1], p, device)
     assert keep.device.type == torch.device(device).type
-    out, alpha, _ = check_attention(q, k, v, src, dst, ef, dropout_p=p, generator=torch.Generator().manual_seed(21),
+    out, alpha, _ = check_attention(q, k, v, src, dst, ef, dropout_p=p, generator=generator,
                                     ref_kwargs={"keep": keep, "dropout_p": p})
     if p == 1.0:
         assert torch.equal(out, torch.zeros_like(out))
@@ -357,7 +375,8 @@ def test_dropout_matches_reference_with_mask(device, p, small_chunks):
 @pytest.mark.parametrize("device", DEVICES)
 def test_dropout_reproducible_from_generator(device):
     q, k, v, src, dst, _ = make_inputs(device=device)
-    runs = [edgedot.graph_attention(q, k, v, src, dst, dropout_p=0.5, generator=torch.Generator().manual_seed(s))
+    runs = [edgedot.graph_attention(q, k, v, src, dst, dropout_p=0.5,
+                                    generator=torch.Generator(device).manual_seed(s))
             for s in (5, 5, 6)]
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
     torch.manual_seed(8)
@@ -384,8 +403,8 @@ def _op_args(device, dtype=torch.float32, edge_feat=False, dropout_p=0.0, return
     if plan:
         p = edgedot.EdgePlan(src, dst, k.shape[0], q.shape[0])
         groups = (p.dst, p.offsets("dst"), p.src, p.offsets("src"))
-    seed = torch.tensor(1234) if dropout_p else None
-    return (q, k, v, ef, src, dst, *groups, 0.4, dropout_p, seed, return_attention, True)
+    generator = torch.Generator(device).manual_seed(1234) if dropout_p else None
+    return (q, k, v, ef, src, dst, *groups, 0.4, dropout_p, generator, return_attention, True)
 
 
 @pytest.mark.parametrize("case", [
@@ -394,18 +413,22 @@ def _op_args(device, dtype=torch.float32, edge_feat=False, dropout_p=0.0, return
     ids=lambda c: "-".join(f"{k}={dtype_id(v) if isinstance(v, torch.dtype) else v}" for k, v in c.items()) or "plain")
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device, case):
-    torch.library.opcheck(OP, _op_args(device, **case))
+    # With dropout every run draws a new state, so the comparison of eager and traced runs cannot
+    # hold: test_compile_fullgraph compares them from one seed of the default generator instead.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor") + \
+        (() if case.get("dropout_p") else ("test_aot_dispatch_dynamic",))
+    torch.library.opcheck(OP, _op_args(device, **case), test_utils=utils)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_backward(device):
     args = _op_args(device, edge_feat=True, dropout_p=0.3)
     q, k, v, ef, src, dst = args[:6]
-    out, lse, _ = (t.detach() for t in OP(*args))
+    out, lse, _, rng_state = (t.detach() for t in OP(*args))
     grad_out = torch.randn_like(out)
     for edge_feat_grad, kv_grad in ((False, True), (True, True), (False, False)):
         torch.library.opcheck(BACKWARD_OP, (grad_out, q.detach(), k.detach(), v.detach(), ef, out, lse, src, dst,
-                                            *args[6:12], args[12], edge_feat_grad, kv_grad))
+                                            *args[6:12], rng_state, edge_feat_grad, kv_grad))
 
 
 def _loss(q, k, v, src, dst, ef, plan, dropout_p):
@@ -429,7 +452,7 @@ def test_compile_fullgraph(device, backend):
         torch.testing.assert_close(out_c, out_e)
         for gc, ge in zip(torch.autograd.grad(loss_c, leaves), torch.autograd.grad(loss_e, leaves)):
             torch.testing.assert_close(gc, ge)
-    if backend == "aot_eager":  # eager kernels: the compiled draw of the seed is eager's draw
+    if backend == "aot_eager":  # eager kernels: the op draws its dropout state when it runs, as in eager
         torch.manual_seed(3)
         loss_c, out_c = compiled(q, k, v, src, dst, ef, None, 0.5)
         torch.manual_seed(3)
@@ -455,18 +478,22 @@ class _ExtensionOnCPU:
         want = torch.tensor([int((rows < r).sum()) for r in range(self.rows[side] + 1)])
         assert offsets.dtype == torch.int64 and torch.equal(offsets, want), side
 
-    def attention_forward(self, q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, seed, return_attention):
+    def attention_forward(self, q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, generator,
+                          return_attention):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst)
         self._check("dst", dst_group, dst_offsets)
-        assert isinstance(seed, int) and isinstance(scale, float)
-        return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, seed, return_attention)
+        assert isinstance(generator, torch.Generator) and isinstance(scale, float)
+        rng_state = _dropout.draw_cpu(generator)
+        key = _dropout.key(*rng_state.tolist())
+        return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
-                           src_offsets, scale, p, seed, edge_feat_grad, kv_grad):
+                           src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and kv_grad
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
-        return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, seed,
+        key = _dropout.key(*rng_state.tolist())
+        return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
                                        edge_feat_grad)
 
 
@@ -483,15 +510,15 @@ def test_cuda_implementation_wiring(monkeypatch, use_plan):
     if use_plan:
         plan = edgedot.EdgePlan(src, dst, k.shape[0], q.shape[0])
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
-    seed = torch.tensor(-5)
-    out, lse, alpha = _attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2, seed, True, True)
-    want = OP(q, k, v, ef, src, dst, *(None,) * 4, 0.3, 0.2, seed, True, True)
-    for a, b in zip((out, lse, alpha), want):
+    out, lse, alpha, rng_state = _attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2,
+                                                              torch.Generator().manual_seed(5), True, True)
+    want = OP(q, k, v, ef, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
+    for a, b in zip((out, lse, alpha, rng_state), want):
         assert torch.equal(a, b)
     grad_out = torch.randn_like(out)
-    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, seed, True,
-                                        True)
-    want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, seed, True, True)
+    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, rng_state,
+                                        True, True)
+    want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, rng_state, True, True)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
@@ -580,18 +607,21 @@ def test_cpu_checks_indices_even_without_check():
 @requires_cuda
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("edge_feat", [False, True], ids=["plain", "edge_feat"])
-def test_cuda_matches_cpu(dtype, edge_feat):
+def test_cuda_matches_cpu(dtype, edge_feat, monkeypatch):
     """The CUDA kernels and the CPU path agree (to the accumulation's rounding), dropout mask
-    included, and repeated CUDA calls are bitwise identical (poisoned memory in between)."""
+    included (the CPU call made to draw the CUDA calls' state), and repeated CUDA calls are
+    bitwise identical (poisoned memory in between)."""
     q, k, v, src, dst, ef = make_inputs(num_edges=5000, heads=4, dim=32, dtype=dtype, edge_feat=edge_feat,
                                         index_dtype=torch.int32)
     grad_out = rand_feat((q.shape[0], 4, 32), dtype, "cpu", gen(7))
+    cuda_state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
+    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: cuda_state.clone())
 
     def run(device):
         leaves = [t.to(device).requires_grad_() for t in (q, k, v) + ((ef,) if edge_feat else ())]
         out, alpha = edgedot.graph_attention(*leaves[:3], src.to(device), dst.to(device),
                                              edge_feat=leaves[3] if edge_feat else None, dropout_p=0.25,
-                                             generator=torch.Generator().manual_seed(9), return_attention=True)
+                                             generator=torch.Generator(device).manual_seed(9), return_attention=True)
         return [t.cpu() for t in (out, alpha) + torch.autograd.grad(out, leaves, grad_out.to(device))]
 
     cpu = run("cpu")

@@ -32,10 +32,19 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
-def keep_mask(seed, num_edges, heads, p, device="cpu"):
-    """The agreed dropout mask, bool [E, H], in int64 tensor arithmetic."""
+def _mix64(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) % 2**64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) % 2**64
+    return x ^ (x >> 31)
+
+
+def keep_mask(seed, num_edges, heads, p, device="cpu", offset=0):
+    """The agreed dropout mask of state (seed, offset), bool [E, H], in int64 tensor arithmetic."""
     c = torch.arange(num_edges * heads, dtype=torch.int64, device=device)
-    seed_lo, seed_hi = seed & MASK32, (seed >> 32) & MASK32
+    key = _mix64(seed % 2**64 ^ _mix64((offset + 0x9E3779B97F4A7C15) % 2**64))
+    seed_lo, seed_hi = key & MASK32, (key >> 32) & MASK32
     u = _mix32((c & MASK32) ^ seed_lo)
     u = _mix32(u ^ (c >> 32) ^ seed_hi)
     threshold = min(math.floor(p * 2**32), 2**32)
@@ -103,17 +112,27 @@ def make_graph(num_src, num_dst, num_edges, g, device="cuda", empty_dst=0):
 
 def run(q, k, v, ef, src, dst, scale, p=0.0, seed=0, return_attention=True, edge_feat_grad=None, grad_out=None,
         groups=None):
-    """Forward and backward through the extension: ((out, lse, alpha), (dq, dk, dv, d_ef))."""
+    """Forward and backward through the extension: ((out, lse, alpha), (dq, dk, dv, d_ef)). Dropout
+    draws from a fresh CUDA generator seeded with ``seed``: the state (seed, 0), which the forward
+    must return as rng_state."""
     ext = edgedot._build.cuda_module()
     num_dst, num_src = q.shape[0], k.shape[0]
     dst_group, dst_offsets = groups[0] if groups else grouping(dst, src, num_dst, num_src)
     src_group, src_offsets = groups[1] if groups else grouping(src, dst, num_src, num_dst)
-    fwd = ext.attention_forward(q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, seed, return_attention)
+    generator = torch.Generator("cuda").manual_seed(seed) if p > 0 else None
+    *fwd, rng_state = ext.attention_forward(q, k, v, ef, src, dst, dst_group, dst_offsets, scale, p, generator,
+                                            return_attention)
+    fwd = tuple(fwd)
+    if p > 0:
+        assert rng_state.device == q.device and torch.equal(rng_state.cpu(), torch.tensor([seed, 0]))
+        assert generator.get_offset() == 4, "a call moves the generator's offset on by 4"
+    else:
+        assert rng_state.numel() == 0
     if grad_out is None:
         return fwd, None
     edge_feat_grad = ef is not None if edge_feat_grad is None else edge_feat_grad
     bwd = ext.attention_backward(grad_out, q, k, v, ef, fwd[0], fwd[1], src, dst, dst_group, dst_offsets, src_group,
-                                 src_offsets, scale, p, seed, edge_feat_grad, True)
+                                 src_offsets, scale, p, rng_state if p > 0 else None, edge_feat_grad, True)
     return fwd, bwd
 
 
@@ -336,7 +355,8 @@ def test_dropout_hash_matches_python(seed):
     attention = pytest.importorskip("edgedot.attention")
     if not hasattr(attention, "dropout_keep"):
         pytest.skip("edgedot.attention.dropout_keep not available")
-    mine = keep_mask(seed, 1000, 3, 0.3)
-    theirs = attention.dropout_keep(seed, 1000, 3, 0.3)
-    assert torch.equal(mine, theirs.cpu())
-    assert 0.6 < mine.float().mean().item() < 0.8
+    for offset in (0, 4, 2**40 + 8):
+        mine = keep_mask(seed, 1000, 3, 0.3, offset=offset)
+        theirs = attention.dropout_keep((seed, offset), 1000, 3, 0.3)
+        assert torch.equal(mine, theirs.cpu())
+        assert 0.6 < mine.float().mean().item() < 0.8

@@ -124,7 +124,7 @@ def test_attention_matches_plan_bitwise(dtype, index_dtype):
     results = []
     for use_plan in (False, True):
         out = edgedot.graph_attention(q, k, v, src, dst, edge_feat=ef, dropout_p=0.1,
-                                      generator=torch.Generator().manual_seed(9), plan=plan if use_plan else None)
+                                      generator=torch.Generator("cuda").manual_seed(9), plan=plan if use_plan else None)
         grads = torch.autograd.grad(out, (q, k, v, ef), grad_out)
         results.append((out,) + grads)
     for a, b in zip(*results):

@@ -8,7 +8,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot.attention import draw_seed, dropout_keep
+from edgedot.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pyg_conv = pytest.importorskip("torch_geometric.nn.conv.transformer_conv")
@@ -179,7 +179,7 @@ def test_dropout_train_and_eval(device, monkeypatch):
     torch.manual_seed(123)
     train = _outputs_and_grads(ours, x, edge_index, edge_attr)
     torch.manual_seed(123)
-    keep = dropout_keep(draw_seed(), 60, 2, p)
+    keep = dropout_keep(next_dropout_state(device), 60, 2, p)
     monkeypatch.setattr(pyg_conv, "F", _dropout_as_mask(keep))
     _assert_same(train, _outputs_and_grads(theirs, x, edge_index, edge_attr))
     assert not torch.equal(train[0], ours.eval()(x, edge_index, edge_attr))

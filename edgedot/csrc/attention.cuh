@@ -1,4 +1,4 @@
-// Shared by the graph attention kernels: thread teams, a lane's vectors of a row, the dropout hash.
+// Shared by the graph attention kernels: thread teams, a lane's vectors of a row, dropout weights.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common.cuh"
+#include "dropout.cuh"
 
 namespace edgedot {
 
@@ -279,31 +280,12 @@ __device__ __forceinline__ void store_row(T* row, const Team& t, int vectors, ac
   store_combination(row, t, vectors, a, x, a, x, false);
 }
 
-// Multiply-xorshift integer hash, the mixing step of the dropout mask (edgedot.attention.dropout_keep).
-__host__ __device__ __forceinline__ uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
-
-// Whether head h of edge e survives dropout: a function of (seed, e, h) only, so the forward and
-// both backward passes agree whatever order they visit the edges in. threshold = floor(p * 2**32).
-__device__ __forceinline__ bool attention_keep(int64_t edge, int64_t head, int64_t heads, uint64_t seed,
-                                               uint64_t threshold) {
-  const uint64_t c = static_cast<uint64_t>(edge) * static_cast<uint64_t>(heads) + static_cast<uint64_t>(head);
-  uint32_t u = mix32(static_cast<uint32_t>(c) ^ static_cast<uint32_t>(seed));
-  u = mix32(u ^ static_cast<uint32_t>(c >> 32) ^ static_cast<uint32_t>(seed >> 32));
-  return static_cast<uint64_t>(u) >= threshold;
-}
-
-// alpha' / alpha for head h of edge e: 1 without dropout, else keep / (1 - p).
+// alpha' / alpha for head h of edge e: 1 without dropout, else keep / (1 - p), the element hashed
+// being e * heads + h; key from unpack_dropout_key.
 template <typename A>
-__device__ __forceinline__ A keep_weight(const AttentionDropout& d, int64_t edge, int64_t head, int64_t heads) {
-  if (d.threshold == 0) return A(1);
-  return attention_keep(edge, head, heads, d.seed, d.threshold) ? static_cast<A>(d.keep_scale) : A(0);
+__device__ __forceinline__ A keep_weight(const Dropout& d, uint64_t key, int64_t edge, int64_t head, int64_t heads) {
+  return dropout_weight<A>(d, key, static_cast<uint64_t>(edge) * static_cast<uint64_t>(heads) +
+                                       static_cast<uint64_t>(head));
 }
 
 template <typename A>

@@ -44,6 +44,7 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
   A* delta_out = static_cast<A*>(a.delta);
   T* dq_out = static_cast<T*>(a.dq);
   T* d_ef = kPerEdge ? static_cast<T*>(a.d_edge_feat) : nullptr;
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
@@ -87,7 +88,7 @@ attention_backward_dst_kernel(AttentionBackwardArgs a, int group) {
               continue;
             }
             const A dp = t.sum(lane_dot(dout, vr[j], er[j], has_ef, t, vvec));
-            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A w8 = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * w8 - delta);
             add_scaled(dq, scale * ds, kr[j], er[j], has_ef, t, dvec);
             if (d_ef_row != nullptr) store_combination(d_ef_row, t, dvec, scale * ds, q, alpha * w8, dout, true);
@@ -131,6 +132,7 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
   const A* delta_in = static_cast<const A*>(a.delta);
   T* dk_out = static_cast<T*>(a.dk);
   T* dv_out = static_cast<T*>(a.dv);
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
@@ -166,7 +168,7 @@ attention_backward_src_kernel(AttentionBackwardArgs a, int group) {
             const A alpha = accurate_exp(s - lse[j]);
             if (alpha == A(0)) continue;  // a -inf score adds nothing
             const A dp = t.sum(lane_dot(gr[j], v, er[j], kHasEdgeFeat, t, vvec));
-            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A w8 = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * w8 - delta[j]);
             const A g = scale * ds, gv = alpha * w8;
 #pragma unroll

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -530,6 +531,70 @@ at::Tensor kernelbench_forward(at::Tensor src_feat, at::Tensor dst_feat, at::Ten
 namespace edgedot {
 namespace {
 
+// Dropout of the fused kernels (edgedot/_dropout.py, csrc/dropout.cuh). A forward draws its (seed,
+// offset) from a CUDA generator the way torch's fused dropout does (philox_cuda_state: plain values,
+// or device pointers while a CUDA graph is captured, so that every replay moves the offset on) and
+// its kernel records the pair it used in an int64 [2] tensor, rng_state; the backward reads the
+// pair from there on the device. Nothing waits for the device. A new op adopts it with dropout_of,
+// draw_dropout_rng in its forward and recorded_dropout_rng in its backward.
+
+// Offsets a call takes from the generator's stream. The mask hashes the offset whole, so any step
+// keeps calls apart; philox_cuda_state wants a multiple of 4.
+constexpr uint64_t kDropoutOffsetStep = 4;
+
+// threshold and keep_scale of dropout_p; rng to be filled in by one of the functions below.
+Dropout dropout_of(double dropout_p) {
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
+  // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
+  const double scaled = std::floor(dropout_p * 4294967296.0);
+  const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
+  const double keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
+  return Dropout{DropoutRng{}, threshold, keep_scale};
+}
+
+// A forward's (seed, offset) for tensors on `like`'s device, from `generator` (default: that
+// device's default CUDA generator), and rng_state, the int64 [2] tensor its kernel records them in.
+DropoutRng draw_dropout_rng(const c10::optional<at::Generator>& generator, const at::Tensor& like,
+                            at::Tensor& rng_state) {
+  if (generator.has_value()) {
+    TORCH_CHECK_VALUE(generator->device() == like.device(), "edgedot: the dropout generator is on ",
+                      generator->device(), " but the inputs are on ", like.device(),
+                      "; pass a generator of their device");
+  }
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      generator, at::cuda::detail::getDefaultCUDAGenerator(like.device().index()));
+  at::PhiloxCudaState philox;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    philox = gen->philox_cuda_state(kDropoutOffsetStep);
+  }
+  rng_state = at::empty({2}, like.options().dtype(at::kLong));
+  DropoutRng r{};
+  if (philox.captured_) {
+    r.seed_ptr = philox.seed_.ptr;
+    r.offset_ptr = philox.offset_.ptr;
+    r.offset_add = philox.offset_intragraph_;
+  } else {
+    r.seed = philox.seed_.val;
+    r.offset = philox.offset_.val;
+  }
+  r.record = rng_state.data_ptr<int64_t>();
+  return r;
+}
+
+// A backward's (seed, offset): read by its kernels from the rng_state its forward returned.
+DropoutRng recorded_dropout_rng(const c10::optional<at::Tensor>& rng_state, const at::Tensor& like) {
+  TORCH_CHECK_VALUE(rng_state.has_value() && rng_state->scalar_type() == at::kLong && rng_state->dim() == 1 &&
+                        rng_state->numel() == 2 && rng_state->is_contiguous() && rng_state->device() == like.device(),
+                    "edgedot: dropout needs rng_state, the contiguous int64 [2] tensor the forward returned, on ",
+                    like.device());
+  const int64_t* p = rng_state->data_ptr<int64_t>();
+  DropoutRng r{};
+  r.seed_ptr = p;
+  r.offset_ptr = p + 1;
+  return r;
+}
+
 // Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu). Shapes and dtypes were
 // validated in Python (edgedot/_attention_ops.py); these checks keep the kernels inside their
 // tensors whatever they are given.
@@ -623,9 +688,10 @@ void* attention_partials(const RowChunks& c, const AttentionInputs& in, int64_t 
   return keep.back().data_ptr();
 }
 
-// q, k, v (and edge_feat) with unit stride on the last dim, checked against each other.
+// q, k, v (and edge_feat) with unit stride on the last dim, checked against each other; dropout
+// without its rng.
 AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c10::optional<at::Tensor>& edge_feat,
-                                 int64_t num_edges, double scale, double dropout_p, int64_t seed) {
+                                 int64_t num_edges, double scale, double dropout_p) {
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kHalf ||
                        q.scalar_type() == at::kBFloat16,
                    "edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type());
@@ -654,13 +720,8 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
     edge_feat = unit_stride_last(*edge_feat);
     ef = attention_rows(*edge_feat);
   }
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
-  // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
-  const double scaled = std::floor(dropout_p * 4294967296.0);
-  const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
-  const double keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
   return AttentionInputs{attention_rows(q), attention_rows(k), attention_rows(v), ef, num_edges, heads, dim, dim_v,
-                         scale, AttentionDropout{static_cast<uint64_t>(seed), threshold, keep_scale}};
+                         scale, dropout_of(dropout_p)};
 }
 
 }  // namespace
@@ -668,17 +729,17 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
 // Fused graph attention forward over the dst grouping (dst_group absent: edges given sorted by
 // destination, dst_offsets their CSR pointer): (out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the
 // accumulation dtype (float64 for float64 inputs, else float32), alpha [E, H] before dropout in q's
-// dtype, or an empty [0] tensor without return_attention).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, at::Tensor k, at::Tensor v,
-                                                                 c10::optional<at::Tensor> edge_feat,
-                                                                 at::Tensor src_idx, at::Tensor dst_idx,
-                                                                 c10::optional<at::Tensor> dst_group,
-                                                                 at::Tensor dst_offsets, double scale,
-                                                                 double dropout_p, int64_t seed,
-                                                                 bool return_attention) {
+// dtype, or an empty [0] tensor without return_attention, rng_state: the dropout (seed, offset) drawn
+// from generator, int64 [2], or an empty [0] tensor without dropout).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double scale, double dropout_p,
+    c10::optional<at::Generator> generator, bool return_attention) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  at::Tensor rng_state = at::empty({0}, q.options().dtype(at::kLong));
+  if (dropout_p > 0.0) in.dropout.rng = draw_dropout_rng(generator, q, rng_state);
   const int64_t num_dst = q.size(0);
   const ScalarKind scalar = scalar_kind(q.scalar_type());
   std::vector<at::Tensor> keep;
@@ -699,21 +760,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, a
   args.part_ml = attention_partials(args.dst_chunks, in, 2, q, keep);
   launch_attention_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {out, lse, alpha};
+  return {out, lse, alpha, rng_state};
 }
 
 // Its gradients by recomputation from lse: (dq, dk, dv in the inputs' dtype, d_edge_feat [E, H, D]
 // with edge_feat_grad, else an empty [0] tensor). The dst pass writes dq, d_edge_feat and
 // delta = <grad_out, out> per (n, h); the src pass then writes dk and dv, unless kv_grad is false
-// (then dk and dv are empty [0] tensors and src_group, src_offsets are not read).
+// (then dk and dv are empty [0] tensors and src_group, src_offsets are not read). With dropout,
+// rng_state is the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
-    double scale, double dropout_p, int64_t seed, bool edge_feat_grad, bool kv_grad) {
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, seed);
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
   TORCH_CHECK_VALUE(!kv_grad || (src_group.has_value() && src_offsets.has_value()),
                     "edgedot: kv_grad needs src_group and src_offsets");
@@ -777,7 +840,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "src_idx, dst_idx and dst_ptr validated in one kernel and one wait: a bitmask of failed conditions (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
-        "fused graph attention over the dst grouping: (out, lse, alpha) (CUDA)");
+        "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("attention_backward", &edgedot::attention_backward,
         "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
 }

@@ -199,10 +199,26 @@ struct RowChunks {
   const int32_t* row_order;    // [num_rows], or null
 };
 
-// Head h of edge e is kept when the hash of (seed, e, h) is at least threshold (floor(p * 2**32),
-// 0 without dropout; csrc/attention.cuh), and kept terms are scaled by keep_scale (1 / (1 - p)).
-struct AttentionDropout {
-  uint64_t seed, threshold;
+// The (seed, offset) pair a dropout mask is a hash of (edgedot/_dropout.py, csrc/dropout.cuh), as a
+// kernel finds it: the values themselves (seed_ptr null), or device pointers to them, read as
+// (*seed_ptr, *offset_ptr + offset_add). The pointers serve a CUDA graph being captured, whose
+// replays each read the offset the generator holds then (torch's PhiloxCudaState, mirrored without
+// torch types), and a backward, which reads the pair its forward recorded. A forward kernel writes
+// the pair it used to record[0], record[1] (int64, device) when record is not null.
+struct DropoutRng {
+  uint64_t seed, offset;
+  const int64_t* seed_ptr;
+  const int64_t* offset_ptr;
+  uint64_t offset_add;
+  int64_t* record;
+};
+
+// Dropout without renormalisation: element c of a call is kept when the hash of its (seed, offset)
+// and c is at least threshold (floor(p * 2**32), 0 without dropout), and kept terms are scaled by
+// keep_scale (1 / (1 - p)). Graph attention hashes c = e * heads + h.
+struct Dropout {
+  DropoutRng rng;
+  uint64_t threshold;
   double keep_scale;
 };
 
@@ -213,7 +229,7 @@ struct AttentionInputs {
   Rows q, k, v, edge_feat;
   int64_t num_edges, heads, dim, dim_v;
   double scale;
-  AttentionDropout dropout;
+  Dropout dropout;
 };
 
 // The accumulation type: double for float64 inputs, float otherwise (lse, delta, partials).
