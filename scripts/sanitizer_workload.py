@@ -95,8 +95,9 @@ def attention_calls(q, k, v, ef, src, dst, p, return_attention, grouped=False):
         groups += [group, torch.searchsorted(keys, torch.arange(num_rows + 1, device=dev))]
     if grouped:
         groups[0] = None
-    out, lse, alpha = ext.attention_forward(q, k, v, ef, src, dst, groups[0], groups[1], 0.3, p, 11, return_attention)
-    ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, src, dst, *groups, 0.3, p, 11,
+    out, lse, alpha, rng_state = ext.attention_forward(q, k, v, ef, src, dst, groups[0], groups[1], 0.3, p, None,
+                                                       return_attention)
+    ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, src, dst, *groups, 0.3, p, rng_state,
                            ef is not None, True)
 
 
@@ -130,5 +131,22 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     ef = torch.randn(E, H, D, device=dev, dtype=dt)
     attention_calls(q, k, v, ef, src, dst, 0.2, True)
     attention_calls(q, k, v, None, src, dst, 0.0, True, grouped=True)
+
+# The fused input check (one kernel, one wait): good graphs, a pointer that disagrees, an index out of range.
+for it in [torch.int32, torch.int64]:
+    q, k, v = (torch.randn(n, 2, 16, device=dev) for n in (300, 400, 400))
+    dst = torch.sort(torch.randint(0, 300, (5000,), device=dev, dtype=it)).values
+    src = torch.randint(0, 400, (5000,), device=dev, dtype=it)
+    ptr = edgedot.index_to_ptr(dst, 300)
+    edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
+    wrong = ptr.clone()
+    wrong[5] += 1
+    bad_src = src.clone()
+    bad_src[17] = 400
+    for s_idx, p_idx in ((src, wrong), (bad_src, ptr)):
+        try:
+            edgedot.graph_attention(q, k, v, s_idx, dst, dst_ptr=p_idx)
+        except (ValueError, IndexError):
+            pass
 torch.cuda.synchronize()
 print("sanitize workload done")
