@@ -263,13 +263,15 @@ class GATConv(_GATBase):
         out = self.propagate(edge_index, x=(x_src, x_dst), alpha=alpha, size=size)
         out = self._finish(out.view(-1, H, C), res)
 
-        if return_attention_weights:
-            if isinstance(edge_index, Tensor):
-                if is_torch_sparse_tensor(edge_index):
-                    return out, (set_sparse_value(edge_index, alpha), alpha)
-                return out, (edge_index, alpha)
-            elif isinstance(edge_index, SparseTensor):
-                return out, edge_index.set_value(alpha, layout="coo")
+        # (isinstance first: TorchScript drops the branch where the argument is None.)
+        if isinstance(return_attention_weights, bool):
+            if return_attention_weights or torch.jit.is_scripting():  # (one return type per overload)
+                if isinstance(edge_index, Tensor):
+                    if is_torch_sparse_tensor(edge_index):
+                        return out, (set_sparse_value(edge_index, alpha), alpha)
+                    return out, (edge_index, alpha)
+                elif isinstance(edge_index, SparseTensor):
+                    return out, edge_index.set_value(alpha, layout="coo")
         return out
 
     def _project(self, x: Union[Tensor, OptPairTensor]) -> Tuple[Tensor, OptTensor, OptTensor]:
@@ -295,11 +297,13 @@ class GATConv(_GATBase):
                 raise ValueError(f"x[0] must be [N, in_channels], got {x_src_in.dim()} dimensions")
             if x_dst_in is not None and self.res is not None:
                 res = self.res(x_dst_in)
-            lin_src = self.lin if self.lin is not None else self.lin_src
-            lin_dst = self.lin if self.lin is not None else self.lin_dst
-            assert lin_src is not None and lin_dst is not None
-            x_src = lin_src(x_src_in).view(-1, H, C)
-            x_dst = None if x_dst_in is None else lin_dst(x_dst_in).view(-1, H, C)
+            if self.lin is not None:  # one projection for both sides
+                x_src = self.lin(x_src_in).view(-1, H, C)
+                x_dst = None if x_dst_in is None else self.lin(x_dst_in).view(-1, H, C)
+            else:
+                assert self.lin_src is not None and self.lin_dst is not None
+                x_src = self.lin_src(x_src_in).view(-1, H, C)
+                x_dst = None if x_dst_in is None else self.lin_dst(x_dst_in).view(-1, H, C)
         return x_src, x_dst, res
 
     def edge_update(self, alpha_j: Tensor, alpha_i: OptTensor, edge_attr: OptTensor, index: Tensor,
@@ -451,13 +455,15 @@ class GATv2Conv(_GATBase):
         out = self.propagate(edge_index, x=(x_l, x_r), alpha=alpha)
         out = self._finish(out.view(-1, H, C), res)
 
-        if return_attention_weights:
-            if isinstance(edge_index, Tensor):
-                if is_torch_sparse_tensor(edge_index):
-                    return out, (set_sparse_value(edge_index, alpha), alpha)
-                return out, (edge_index, alpha)
-            elif isinstance(edge_index, SparseTensor):
-                return out, edge_index.set_value(alpha, layout="coo")
+        # (isinstance first: TorchScript drops the branch where the argument is None.)
+        if isinstance(return_attention_weights, bool):
+            if return_attention_weights or torch.jit.is_scripting():  # (one return type per overload)
+                if isinstance(edge_index, Tensor):
+                    if is_torch_sparse_tensor(edge_index):
+                        return out, (set_sparse_value(edge_index, alpha), alpha)
+                    return out, (edge_index, alpha)
+                elif isinstance(edge_index, SparseTensor):
+                    return out, edge_index.set_value(alpha, layout="coo")
         return out
 
     def _project(self, x: Union[Tensor, PairTensor]) -> Tuple[Tensor, Tensor, OptTensor]:
