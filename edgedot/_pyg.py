@@ -231,7 +231,6 @@ def attention_weights(edge_index, alpha, sparse_values=False):
     if isinstance(edge_index, SparseTensor):
         return edge_index.set_value(alpha, layout="coo")
     if sparse_values and edge_index.layout != torch.strided:
-        from torch_geometric.utils import set_sparse_value
         return set_sparse_value(edge_index, alpha), alpha
     return edge_index, alpha
 
