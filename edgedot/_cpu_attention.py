@@ -76,49 +76,92 @@ def _keys(k, edge_feat, src, start, stop, acc):
     return keys if edge_feat is None else keys + edge_feat[start:stop].to(acc)
 
 
-def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return_attention):
-    """Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
-    alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
-    acc = acc_dtype(q.dtype)
-    num_dst, heads, dim = q.shape
-    dim_v = v.shape[-1]
+def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p, seed, return_attention, dtype):
+    """The softmax over each destination's incoming edges and the weighted sum of values, in
+    chunks of edges: ``score(start, stop, src, dst)`` gives the chunk's ``[stop - start, H]``
+    scores and ``values(start, stop, src)`` its ``[stop - start, H, dim_v]`` values, both in the
+    accumulation dtype (``src``, ``dst``: the chunk's int32 rows); ``width`` sizes the chunks (the
+    widest per-edge rows the callbacks gather). Returns ``(out [num_dst, H, dim_v] = out_shape in
+    dtype, lse [num_dst, H] in the accumulation dtype, alpha [E, H] in dtype or an empty ``[0]``
+    tensor)``."""
+    acc = acc_dtype(dtype)
+    num_dst, heads, dim_v = out_shape
     num_edges = src_idx.shape[0]
-    chunks = list(_chunks(num_edges, heads, max(dim, dim_v)))
+    chunks = list(_chunks(num_edges, heads, width))
 
-    def scores(start, stop):
-        src, dst = _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
-        keys = _keys(k, edge_feat, src, start, stop, acc)
-        return src, dst, scale * (_gather(q, dst, acc) * keys).sum(-1)
+    def rows(start, stop):
+        return _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
 
     top = torch.full((num_dst, heads), float("-inf"), dtype=acc)
     for start, stop in chunks:
-        _, dst, score = scores(start, stop)
-        top.scatter_reduce_(0, dst.long()[:, None].expand(-1, heads), score, "amax")
+        src, dst = rows(start, stop)
+        top.scatter_reduce_(0, dst.long()[:, None].expand(-1, heads), score(start, stop, src, dst), "amax")
 
     total = torch.zeros((num_dst, heads), dtype=acc)
     weighted = torch.zeros((num_dst, heads, dim_v), dtype=acc)
     alpha = torch.empty((num_edges, heads), dtype=acc) if return_attention else None
     for start, stop in chunks:
-        src, dst, score = scores(start, stop)
-        weight = torch.exp(score - top.index_select(0, dst))
+        src, dst = rows(start, stop)
+        weight = torch.exp(score(start, stop, src, dst) - top.index_select(0, dst))
         total.index_add_(0, dst, weight)
         if alpha is not None:
             alpha[start:stop] = weight
-        values = _gather(v, src, acc)
-        if edge_feat is not None:
-            values += edge_feat[start:stop].to(acc)
-        weighted.index_add_(0, dst, _kept(weight, seed, start, stop, dropout_p)[..., None] * values)
+        weighted.index_add_(0, dst, _kept(weight, seed, start, stop, dropout_p)[..., None] * values(start, stop, src))
 
     # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
     # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
     lse = top + torch.log(total)
     divisor = torch.where(total > 0, total, torch.ones_like(total))
-    out = (weighted / divisor[..., None]).to(q.dtype)
+    out = (weighted / divisor[..., None]).to(dtype)
     if alpha is None:
-        return out, lse, q.new_empty((0,))
+        return out, lse, torch.empty((0,), dtype=dtype)
     for start, stop in chunks:
         alpha[start:stop] /= divisor.index_select(0, _rows(dst_idx, start, stop))
-    return out, lse, alpha.to(q.dtype)
+    return out, lse, alpha.to(dtype)
+
+
+def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dropout_p, seed):
+    """The backward of :func:`softmax_forward` up to the scores, recomputed from ``lse``: yields
+    per chunk of edges ``(start, stop, src, dst, ds, dead, kept, grads, extra)`` with ``ds`` the
+    gradient of the chunk's scores (0 on edges of weight exactly 0, which add nothing even where a
+    value is infinite), ``dead`` those edges, ``kept`` the weights after dropout, ``grads`` =
+    ``grad_out`` of each edge's destination; ``score(start, stop, src, dst)`` returns ``(scores,
+    extra)``; ``width`` sizes the chunks as in :func:`softmax_forward`."""
+    acc = lse.dtype
+    dout = grad_out.to(acc)
+    delta = (dout * out.to(acc)).sum(-1)
+    for start, stop in _chunks(src_idx.shape[0], out.shape[1], width):
+        src, dst = _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
+        scores, extra = score(start, stop, src, dst)
+        alpha = torch.exp(scores - lse.index_select(0, dst))
+        grads = dout.index_select(0, dst)
+        dp = (grads * values(start, stop, src)).sum(-1)
+        # d score = alpha * (dp * keep / (1 - p) - delta).
+        ds = (_kept(dp, seed, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
+        dead = alpha == 0
+        if dead.any():
+            ds = ds.masked_fill(dead, 0)
+        yield start, stop, src, dst, ds, dead, _kept(alpha, seed, start, stop, dropout_p), grads, extra
+
+
+def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, seed, return_attention):
+    """Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
+    alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
+    acc = acc_dtype(q.dtype)
+    num_dst, heads, dim = q.shape
+
+    def score(start, stop, src, dst):
+        return scale * (_gather(q, dst, acc) * _keys(k, edge_feat, src, start, stop, acc)).sum(-1)
+
+    return softmax_forward(score, _values(v, edge_feat, acc), src_idx, dst_idx, (num_dst, heads, v.shape[-1]),
+                           max(dim, v.shape[-1]), dropout_p, seed, return_attention, q.dtype)
+
+
+def _values(v, edge_feat, acc):
+    def values(start, stop, src):
+        gathered = _gather(v, src, acc)
+        return gathered if edge_feat is None else gathered + edge_feat[start:stop].to(acc)
+    return values
 
 
 def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, seed, edge_feat_grad):
@@ -128,32 +171,21 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
     num_dst, heads, dim = q.shape
     num_src, dim_v = k.shape[0], v.shape[-1]
     num_edges = src_idx.shape[0]
-    dout = grad_out.to(acc)
-    delta = (dout * out.to(acc)).sum(-1)
-    lse = lse.to(acc)
     dq = torch.zeros((num_dst, heads, dim), dtype=acc)
     dk = torch.zeros((num_src, heads, dim), dtype=acc)
     dv = torch.zeros((num_src, heads, dim_v), dtype=acc)
     d_edge_feat = q.new_empty((num_edges, heads, dim) if edge_feat_grad else (0,))
-    for start, stop in _chunks(num_edges, heads, max(dim, dim_v)):
-        src, dst = _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
-        queries = _gather(q, dst, acc)
-        keys = _keys(k, edge_feat, src, start, stop, acc)
-        values = _gather(v, src, acc)
-        if edge_feat is not None:
-            values += edge_feat[start:stop].to(acc)
-        grads = dout.index_select(0, dst)
-        alpha = torch.exp(scale * (queries * keys).sum(-1) - lse.index_select(0, dst))
-        kept = _kept(alpha, seed, start, stop, dropout_p)
-        dp = (grads * values).sum(-1)
-        # d score = alpha * (dp * keep / (1 - p) - delta); kept / alpha is that factor.
-        ds = scale * (_kept(dp, seed, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
-        dead = alpha == 0
+
+    def score(start, stop, src, dst):
+        queries, keys = _gather(q, dst, acc), _keys(k, edge_feat, src, start, stop, acc)
+        return scale * (queries * keys).sum(-1), (queries, keys)
+
+    for start, stop, src, dst, ds, dead, kept, grads, (queries, keys) in softmax_grads(
+            grad_out, out, lse.to(acc), score, _values(v, edge_feat, acc), src_idx, dst_idx, max(dim, dim_v),
+            dropout_p, seed):
+        ds = scale * ds
         if dead.any():
-            # An edge of weight exactly 0 (a -inf score) adds nothing, even where its key or
-            # value is infinite (0 * inf would be NaN).
-            ds = ds.masked_fill(dead, 0)
-            keys = keys.masked_fill(dead[..., None], 0)
+            keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN
         dq.index_add_(0, dst, ds[..., None] * keys)
         d_keys = ds[..., None] * queries
         dk.index_add_(0, src, d_keys)

@@ -78,37 +78,29 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
         and ``edge_feat``; ``(out, alpha)`` with ``return_attention=True``.
     """
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
-    scale = _check_options(q, scale, dropout_p, generator, plan, deterministic, check_indices, return_attention)
-    if plan is not None:
-        plan.check_matches(k, q, src_idx)
-    if dst_ptr is not None:
-        if plan is not None:
-            raise ValueError("pass either plan or dst_ptr, not both")
-        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, q.shape[0], validate=check_indices or not q.is_cuda)
+    scale = _check_scale(q, scale)
+    check_options(dropout_p, generator, plan, check_indices, return_attention, deterministic)
+    groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices)
     seed = draw_seed(generator) if dropout_p > 0 else None
-    dst_group = dst_offsets = src_group = src_offsets = None
-    if plan is not None and q.is_cuda:
-        dst_group, dst_offsets = plan.dst, plan.offsets("dst")
-        src_group, src_offsets = plan.src, plan.offsets("src")
-    elif dst_ptr is not None:
-        dst_offsets = dst_ptr  # the edges as they are: no grouping to build
-    elif q.is_cuda:
-        # Built here, so that the backward reuses it (the source grouping is built there).
-        dst_group, dst_offsets = build_grouping(dst_idx, src_idx, q.shape[0], k.shape[0])
-    out, _, alpha = graph_attention_op(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                                       src_offsets, float(scale), float(dropout_p), seed, return_attention,
-                                       check_indices)
+    out, _, alpha = graph_attention_op(q, k, v, edge_feat, src_idx, dst_idx, *groups, float(scale), float(dropout_p),
+                                       seed, return_attention, check_indices)
     return (out, alpha) if return_attention else out
 
 
-def _check_options(q, scale, dropout_p, generator, plan, deterministic, check_indices, return_attention):
-    """Checks the non-tensor arguments; returns the scale."""
+def _check_scale(q, scale):
+    """The scale, ``1 / sqrt(D)`` by default, after checking it."""
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        return 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
+    if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
+    return scale
+
+
+def check_options(dropout_p, generator, plan, check_indices, return_attention, deterministic=None):
+    """Checks the keyword arguments the attention functions share (TypeError / ValueError naming
+    the argument)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p <= 1.0:
@@ -121,7 +113,27 @@ def _check_options(q, scale, dropout_p, generator, plan, deterministic, check_in
                                  ("return_attention", return_attention, False)):
         if not isinstance(flag, bool) and not (optional and flag is None):
             raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {type(flag).__name__}")
-    return scale
+
+
+def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_indices):
+    """``(dst_group, dst_offsets, src_group, src_offsets)`` for an attention op, from ``plan`` or
+    ``dst_ptr`` (checked here against the graph) or built on CUDA; ``src_feat`` / ``dst_feat``
+    have one row per source / destination node."""
+    if plan is not None:
+        plan.check_matches(src_feat, dst_feat, src_idx)
+    num_dst, is_cuda = dst_feat.shape[0], dst_feat.is_cuda
+    if dst_ptr is not None:
+        if plan is not None:
+            raise ValueError("pass either plan or dst_ptr, not both")
+        dst_ptr = check_dst_ptr(dst_ptr, dst_idx, num_dst, validate=check_indices or not is_cuda)
+    if plan is not None and is_cuda:
+        return plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src")
+    if dst_ptr is not None:
+        return None, dst_ptr, None, None  # the edges as they are: no grouping to build
+    if is_cuda:
+        # Built here, so that the backward reuses it (the source grouping is built there).
+        return build_grouping(dst_idx, src_idx, num_dst, src_feat.shape[0]) + (None, None)
+    return None, None, None, None
 
 
 def draw_seed(generator=None):

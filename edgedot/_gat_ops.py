@@ -1,0 +1,320 @@
+"""The GAT and GATv2 attention custom operators: schemas, per-device implementations, fake
+tensors, autograd (the pattern of ``_attention_ops``).
+
+``edgedot::gat_attention``              forward: ``(out, lse, alpha)``.
+``edgedot::gat_attention_backward``     ``(dx, da_src, da_dst, da_edge)`` by recomputation from ``lse``.
+``edgedot::gatv2_attention``            forward: ``(out, lse, alpha)``.
+``edgedot::gatv2_attention_backward``   ``(dx_src, dx_dst, datt, d_edge_feat)``.
+
+Groupings, offsets, the seed and ``lse``'s dtype mean what they mean for
+``edgedot::graph_attention``. ``src_grad`` False (no gradient wanted on the source-side
+tensors) returns those outputs as empty ``[0]`` tensors, and the CUDA backward then skips its
+source-side pass and the grouping by source; ``a_edge_grad`` / ``edge_feat_grad`` False does the
+same for the edge tensor's gradient.
+"""
+
+import math
+
+import torch
+
+from . import _cpu_gat
+from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _check_ranges, _grouping, _lse_dtype, _seed
+from ._build import cuda_module
+from ._checks import FEATURE_DTYPES, check_indices_pair
+from .plan import MAX_ROWS
+
+__all__ = ["gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op", "gatv2_attention_backward_op",
+           "check_gat_inputs", "check_gatv2_inputs"]
+
+_lib = torch.library.Library("edgedot", "FRAGMENT")
+_TAIL = ("Tensor src_idx, Tensor dst_idx, Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, "
+         "Tensor? src_offsets, float negative_slope, float dropout_p, Tensor? seed")
+_lib.define(f"gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, {_TAIL}, bool return_attention, "
+            f"bool check_indices) -> (Tensor out, Tensor lse, Tensor alpha)")
+_lib.define(f"gat_attention_backward(Tensor grad_out, Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, "
+            f"Tensor out, Tensor lse, {_TAIL}, bool a_edge_grad, bool src_grad) "
+            f"-> (Tensor dx, Tensor da_src, Tensor da_dst, Tensor da_edge)")
+_lib.define(f"gatv2_attention(Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_feat, {_TAIL}, "
+            f"bool return_attention, bool check_indices) -> (Tensor out, Tensor lse, Tensor alpha)")
+_lib.define(f"gatv2_attention_backward(Tensor grad_out, Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_feat, "
+            f"Tensor out, Tensor lse, {_TAIL}, bool edge_feat_grad, bool src_grad) "
+            f"-> (Tensor dx_src, Tensor dx_dst, Tensor datt, Tensor d_edge_feat)")
+
+gat_attention_op = torch.ops.edgedot.gat_attention.default
+gat_attention_backward_op = torch.ops.edgedot.gat_attention_backward.default
+gatv2_attention_op = torch.ops.edgedot.gatv2_attention.default
+gatv2_attention_backward_op = torch.ops.edgedot.gatv2_attention_backward.default
+
+
+def _check_tensors(named):
+    for name, t in named:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+
+
+def _check_dtype(name, t, dtype_of, first):
+    if t.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
+    if t.dtype != dtype_of.dtype:
+        raise TypeError(f"{first} is {dtype_of.dtype} but {name} is {t.dtype}; they must match")
+
+
+def _check_shape(name, t, want, layout):
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"{name} must be {layout} = {list(want)}, got shape {tuple(t.shape)}")
+
+
+def _check_features(name, t):
+    """A ``[N, H, C]`` node feature tensor with at least one head and one channel."""
+    if t.dim() != 3:
+        raise ValueError(f"{name} must be 3-D [N, H, C], got shape {tuple(t.shape)}")
+    if 0 in t.shape[1:]:
+        raise ValueError(f"{name} needs at least one head and one channel, got shape {tuple(t.shape)}")
+
+
+def _check_graph(first, tensors, src_idx, dst_idx, num_src, num_dst, channels):
+    """Devices and sizes: the checks both operators share."""
+    device = tensors[0][1].device
+    for name, t in tensors[1:] + (("src_idx", src_idx), ("dst_idx", dst_idx)):
+        if t is not None and t.device != device:
+            raise ValueError(f"{first} is on {device} but {name} is on {t.device}; all inputs must share a device")
+    if device.type == "cuda" and channels > CUDA_MAX_DIM:
+        raise ValueError(f"on CUDA, {first} takes at most {CUDA_MAX_DIM} channels per head, got C={channels}")
+    if src_idx.shape[0] >= MAX_EDGES:
+        raise ValueError(f"src_idx has {src_idx.shape[0]} edges; at most {MAX_EDGES - 1} are supported")
+    for side, rows in (("source", num_src), ("destination", num_dst)):
+        if rows > MAX_ROWS:
+            raise ValueError(f"{rows} {side} nodes; at most {MAX_ROWS} are supported")
+
+
+def check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx):
+    """Raises TypeError / ValueError naming the first malformed tensor argument of
+    :func:`edgedot.gat_attention`."""
+    _check_tensors((("x", x), ("a_src", a_src), ("a_dst", a_dst), ("src_idx", src_idx), ("dst_idx", dst_idx),
+                    ("a_edge", a_edge)))
+    _check_features("x", x)
+    if x.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
+    num_src, heads = x.shape[0], x.shape[1]
+    _check_shape("a_src", a_src, (num_src, heads), "[Ns, H]")
+    if a_dst.dim() != 2 or a_dst.shape[1] != heads:
+        raise ValueError(f"a_dst must be [Nd, H] with H={heads}, got shape {tuple(a_dst.shape)}")
+    check_indices_pair(src_idx, dst_idx)
+    if a_edge is not None:
+        _check_shape("a_edge", a_edge, (src_idx.shape[0], heads), "[E, H]")
+    for name, t in (("a_src", a_src), ("a_dst", a_dst), ("a_edge", a_edge)):
+        if t is not None:
+            _check_dtype(name, t, x, "x")
+    _check_graph("x", (("x", x), ("a_src", a_src), ("a_dst", a_dst), ("a_edge", a_edge)), src_idx, dst_idx,
+                 num_src, a_dst.shape[0], x.shape[2])
+
+
+def check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx):
+    """Raises TypeError / ValueError naming the first malformed tensor argument of
+    :func:`edgedot.gatv2_attention`."""
+    _check_tensors((("x_src", x_src), ("x_dst", x_dst), ("att", att), ("src_idx", src_idx), ("dst_idx", dst_idx),
+                    ("edge_feat", edge_feat)))
+    for name, t in (("x_src", x_src), ("x_dst", x_dst)):
+        _check_features(name, t)
+    if x_src.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"x_src must be float32, float64, float16 or bfloat16, got {x_src.dtype}")
+    heads, channels = x_src.shape[1], x_src.shape[2]
+    if tuple(x_dst.shape[1:]) != (heads, channels):
+        raise ValueError(f"x_dst must be [Nd, H, C] with H={heads}, C={channels} (as x_src), got shape "
+                         f"{tuple(x_dst.shape)}")
+    _check_shape("att", att, (heads, channels), "[H, C]")
+    check_indices_pair(src_idx, dst_idx)
+    if edge_feat is not None:
+        _check_shape("edge_feat", edge_feat, (src_idx.shape[0], heads, channels), "[E, H, C]")
+    for name, t in (("x_dst", x_dst), ("att", att), ("edge_feat", edge_feat)):
+        if t is not None:
+            _check_dtype(name, t, x_src, "x_src")
+    _check_graph("x_src", (("x_src", x_src), ("x_dst", x_dst), ("att", att), ("edge_feat", edge_feat)), src_idx,
+                 dst_idx, x_src.shape[0], x_dst.shape[0], channels)
+
+
+def _check_floats(negative_slope, dropout_p):
+    if not math.isfinite(negative_slope):
+        raise ValueError(f"negative_slope must be finite, got {negative_slope}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
+
+
+def _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p):
+    check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx)
+    _check_floats(negative_slope, dropout_p)
+
+
+def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p):
+    check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx)
+    _check_floats(negative_slope, dropout_p)
+
+
+def _forward_fake(x, num_dst, num_edges, return_attention):
+    heads = x.shape[1]
+    out = x.new_empty((num_dst, heads, x.shape[2]))
+    lse = x.new_empty((num_dst, heads), dtype=_lse_dtype(x.dtype))
+    alpha = x.new_empty((num_edges, heads) if return_attention else (0,))
+    return out, lse, alpha
+
+
+# ------------------------------------------------------------------------------ GAT
+
+
+@torch.library.impl(_lib, "gat_attention", "CPU")
+def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                     negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    _check_ranges(a_dst, x, src_idx, dst_idx)  # always on the CPU (check_indices only spares CUDA a wait)
+    return _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, _seed(seed),
+                                return_attention)
+
+
+@torch.library.impl(_lib, "gat_attention", "CUDA")
+def _gat_forward_cuda(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                      negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    if check_indices:
+        _check_ranges(a_dst, x, src_idx, dst_idx)
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, a_dst.shape[0], x.shape[0])
+    return cuda_module().gat_forward(x, a_src, a_dst, a_edge, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
+                                     dst_offsets, negative_slope, dropout_p, _seed(seed), return_attention)
+
+
+@torch.library.register_fake("edgedot::gat_attention")
+def _gat_forward_fake(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                      negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    return _forward_fake(x, a_dst.shape[0], src_idx.shape[0], return_attention)
+
+
+@torch.library.impl(_lib, "gat_attention_backward", "CPU")
+def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                      src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    return _cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
+                                 dropout_p, _seed(seed), a_edge_grad, src_grad)
+
+
+@torch.library.impl(_lib, "gat_attention_backward", "CUDA")
+def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                       src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    num_dst, num_src = a_dst.shape[0], x.shape[0]
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
+    if src_grad:  # the grouping by source serves the source-side gradients alone
+        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    return cuda_module().gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx.contiguous(),
+                                      dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
+                                      negative_slope, dropout_p, _seed(seed), a_edge_grad, src_grad)
+
+
+@torch.library.register_fake("edgedot::gat_attention_backward")
+def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                       src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    da_edge = x.new_empty((src_idx.shape[0], x.shape[1]) if a_edge_grad else (0,))
+    dx, da_src = (x.new_empty(x.shape), x.new_empty(a_src.shape)) if src_grad else (x.new_empty(0), x.new_empty(0))
+    return dx, da_src, x.new_empty(a_dst.shape), da_edge
+
+
+# ------------------------------------------------------------------------------ GATv2
+
+
+@torch.library.impl(_lib, "gatv2_attention", "CPU")
+def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                       src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    _check_ranges(x_dst, x_src, src_idx, dst_idx)
+    return _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p,
+                                  _seed(seed), return_attention)
+
+
+@torch.library.impl(_lib, "gatv2_attention", "CUDA")
+def _gatv2_forward_cuda(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                        src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    if check_indices:
+        _check_ranges(x_dst, x_src, src_idx, dst_idx)
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, x_dst.shape[0], x_src.shape[0])
+    return cuda_module().gatv2_forward(x_src, x_dst, att, edge_feat, src_idx.contiguous(), dst_idx.contiguous(),
+                                       dst_group, dst_offsets, negative_slope, dropout_p, _seed(seed),
+                                       return_attention)
+
+
+@torch.library.register_fake("edgedot::gatv2_attention")
+def _gatv2_forward_fake(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                        src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    return _forward_fake(x_src, x_dst.shape[0], src_idx.shape[0], return_attention)
+
+
+@torch.library.impl(_lib, "gatv2_attention_backward", "CPU")
+def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                        src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    return _cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
+                                   negative_slope, dropout_p, _seed(seed), edge_feat_grad, src_grad)
+
+
+@torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
+def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                         src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    num_dst, num_src = x_dst.shape[0], x_src.shape[0]
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
+    if src_grad:
+        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),
+                                        dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
+                                        negative_slope, dropout_p, _seed(seed), edge_feat_grad, src_grad)
+
+
+@torch.library.register_fake("edgedot::gatv2_attention_backward")
+def _gatv2_backward_fake(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                         src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    d_edge_feat = x_src.new_empty((src_idx.shape[0],) + tuple(x_src.shape[1:]) if edge_feat_grad else (0,))
+    dx_src = x_src.new_empty(x_src.shape) if src_grad else x_src.new_empty(0)
+    return dx_src, x_dst.new_empty(x_dst.shape), att.new_empty(att.shape), d_edge_feat
+
+
+# ------------------------------------------------------------------------------ autograd
+
+# Positions of the forward ops' differentiable arguments: GAT (x, a_src, a_dst, a_edge), GATv2
+# (x_src, x_dst, att, edge_feat); the first (and for GAT the second) are the source side.
+_NUM_INPUTS = 15
+
+
+def _setup_context(ctx, inputs, output):
+    (feat, a, b, edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+     negative_slope, dropout_p, seed, _, _) = inputs
+    out, lse, alpha = output
+    # alpha is returned for inspection: the backward has no term for it.
+    ctx.mark_non_differentiable(lse, alpha)
+    ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
+    ctx.save_for_backward(feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                          src_offsets, seed)
+    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
+
+
+def _make_backward(backward_op, source_inputs):
+    """The autograd formula of a forward op whose inputs ``source_inputs`` (positions) are the
+    source-side tensors."""
+    def backward(ctx, grad_out, grad_lse, grad_alpha):
+        if grad_out is None:  # out's gradient is undefined: so are the inputs'
+            return (None,) * _NUM_INPUTS
+        (feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+         seed) = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                            src_group, src_offsets, ctx.negative_slope, ctx.dropout_p, seed, bool(needs[3]),
+                            any(needs[i] for i in source_inputs))
+        return tuple(g if need else None for g, need in zip(grads, needs[:4])) + (None,) * (_NUM_INPUTS - 4)
+    return backward
+
+
+torch.library.register_autograd("edgedot::gat_attention", _make_backward(gat_attention_backward_op, (0, 1)),
+                                setup_context=_setup_context)
+torch.library.register_autograd("edgedot::gatv2_attention", _make_backward(gatv2_attention_backward_op, (0,)),
+                                setup_context=_setup_context)
