@@ -15,10 +15,7 @@ from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTens
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
                    remove_self_loops, set_sparse_value, softmax, torch_sparse)
 from .attention import draw_seed, dropout_keep
-try:
-    from .gat import gat_attention, gatv2_attention
-except ImportError:  # the fused ops are not merged yet: PyG's exact path only
-    gat_attention = gatv2_attention = None
+from .gat import gat_attention, gatv2_attention
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -233,7 +230,7 @@ class GATConv(_GATBase):
         H, C = self.heads, self.out_channels
         x_src, x_dst, res = self._project(x)
         if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
-            if gat_attention is not None and fused_path(self) and (x_dst is not None or size is not None):
+            if fused_path(self) and (x_dst is not None or size is not None):
                 return self._fused_forward(x_src, x_dst, res, edge_index, edge_attr, size,
                                            return_attention_weights)
 
@@ -432,7 +429,7 @@ class GATv2Conv(_GATBase):
         H, C = self.heads, self.out_channels
         x_l, x_r, res = self._project(x)
         if not torch.jit.is_scripting():
-            if gatv2_attention is not None and fused_path(self):
+            if fused_path(self):
                 return self._fused_forward(x_l, x_r, res, edge_index, edge_attr, return_attention_weights)
 
         # PyG's exact path.
