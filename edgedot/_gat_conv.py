@@ -164,7 +164,12 @@ class GATConv(_GATBase):
     The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode,
     with message-passing hooks, with another ``aggr`` or ``decomposed_layers > 1``, and for a
     pair ``(x_src, None)`` without ``size``. The exact path is PyG's ``edge_updater`` and
-    ``propagate``; there ``alpha`` is differentiable.
+    ``propagate``; there ``alpha`` is differentiable. Unlike PyG's layer, a module holding this
+    one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
+    returns the weights too, one return type per signature).
+
+    Without PyG, self-loops of a ``torch.sparse`` adjacency and ``fill_value`` reductions other
+    than ``"add"``, ``"sum"`` and ``"mean"`` raise ``ValueError``.
     """
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,

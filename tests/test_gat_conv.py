@@ -560,3 +560,23 @@ torch.save((layer(x, edge_index, edge_attr), layer(x, edge_index)), sys.argv[2])
         out, out_no_attr = torch.load(f"{tmp}/out.pt")
     assert rel_error(out, theirs(x, edge_index, edge_attr)) <= TOL
     assert rel_error(out_no_attr, theirs(x, edge_index)) <= TOL
+
+
+@pytest.mark.parametrize("fill_value", [0.5, "mean", "max"])
+@pytest.mark.parametrize("kind", LAYERS)
+def test_one_dimensional_edge_attr(kind, fill_value):
+    """``edge_attr`` ``[E]`` with ``edge_dim=1`` (an edge weight), self-loops filled as PyG fills them."""
+    theirs, ours = _pair(kind, 8, 4, heads=2, edge_dim=1, fill_value=fill_value)
+    g = gen(21)
+    x = rand_feat((9, 8), torch.float64, g=g, requires_grad=True)
+    edge_index = _graph(9, 9, 30, "cpu", g)
+    edge_weight = rand_feat((30,), torch.float64, g=g, requires_grad=True)
+    _assert_same(_run(ours, x, edge_index, edge_weight), _run(theirs, x, edge_index, edge_weight))
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_no_nodes(kind):
+    theirs, ours = _pair(kind, 8, 4, heads=2)
+    x, edge_index = torch.randn(0, 8, dtype=torch.float64), torch.empty(2, 0, dtype=torch.long)
+    out = ours(x, edge_index)
+    assert out.shape == (0, 8) and out.shape == theirs(x, edge_index).shape
