@@ -4,8 +4,9 @@
 destination, whose row pointer spares the kernel its sort), PyG's layers (``pyg``),
 ``torch.compile`` of the unfused PyG-style math (``compile``) and, when it is installed,
 Turbo-GNN's fused ``gatv2_aggr`` (``turbo``), forward and forward+backward, on the attention
-benchmark's graphs (``bench.attention``'s cases and input sets): ogbn-products' size (uniform, 30M edges), R-MAT beside its uniform twin, and sampled
-mini-batches with a new graph every call; 4 heads of 32, 128 input features.
+benchmark's graphs (``bench.attention``'s cases and input sets): ogbn-products' size (uniform,
+30M edges), R-MAT beside its uniform twin, and sampled mini-batches with a new graph every
+call; 4 heads of 32, 128 input features.
 
 The layers run with ``add_self_loops=False`` (the graphs are what a sampler or a preprocessed
 dataset hands over; PyG's self-loop handling, the same in both, would add its own cost to both).
