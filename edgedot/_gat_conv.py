@@ -13,7 +13,7 @@ from torch.nn import Parameter
 
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
-                   remove_self_loops, set_sparse_value, softmax, torch_sparse)
+                   remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
 from .attention import draw_seed, dropout_keep
 from .gat import gat_attention, gatv2_attention
 
@@ -97,6 +97,8 @@ class _GATBase(MessagePassing):
                 raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor edge_index "
                                           "(as in PyG)")
             return torch_sparse.set_diag(edge_index), edge_attr
+        if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
+            return self_looped(edge_index, edge_attr, self.fill_value, num_nodes)
         edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
         return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
 
@@ -110,6 +112,8 @@ class _GATBase(MessagePassing):
             else:
                 keep = dropout_keep(seed, num_edges, self.heads, self.dropout, alpha.device)
                 alpha = alpha * keep / (1 - self.dropout)
+        if self.add_self_loops and type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
+            edge_index = edge_index.clone()  # the looped graph is remembered for the next call: not handed out
         return attention_weights(edge_index, alpha, sparse_values=True)
 
     @torch.jit.unused

@@ -28,6 +28,7 @@ try:
     from torch_geometric.typing import Adj, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor
     from torch_geometric.typing import torch_sparse
     from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops, softmax
+    from torch_geometric.utils.loop import compute_loop_attr
     from torch_geometric.utils.sparse import set_sparse_value
     HAVE_PYG = True
 except ImportError:  # PyG is optional: the layers then run their fused path only.
@@ -65,27 +66,34 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
         of the features of the edges into the node), as PyG's utility of that name."""
         if num_nodes is None:
             num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
-        loop = torch.arange(num_nodes, dtype=edge_index.dtype, device=edge_index.device)
-        edge_index = torch.cat([edge_index, torch.stack([loop, loop])], dim=1)
+        loop = torch.arange(num_nodes, device=edge_index.device)  # int64, as PyG's
+        full = torch.cat([edge_index, torch.stack([loop, loop])], dim=1)
         if edge_attr is None:
-            return edge_index, None
+            return full, None
+        return full, torch.cat([edge_attr, compute_loop_attr(edge_index, edge_attr, num_nodes, False, fill_value)])
+
+    def compute_loop_attr(edge_index, edge_attr, num_nodes, is_sparse, fill_value=None):
+        """The ``edge_attr`` of the self-loops of nodes ``0 .. num_nodes - 1``: ``fill_value`` (a
+        number, a tensor, or ``"add"``/``"sum"``/``"mean"`` of the features of the edges into the
+        node; ones for None), as PyG's utility of that name (``is_sparse`` False only)."""
         shape = (num_nodes,) + tuple(edge_attr.shape[1:])
         if fill_value is None:
-            loop_attr = edge_attr.new_ones(shape)
-        elif isinstance(fill_value, str):
-            dst = edge_index[1, :edge_index.shape[1] - num_nodes].long()
+            return edge_attr.new_ones(shape)
+        if isinstance(fill_value, str):
             if fill_value not in ("add", "sum", "mean"):
                 raise ValueError(f"fill_value={fill_value!r} needs torch_geometric installed "
                                  "(only 'add', 'sum' and 'mean' without it)")
+            dst = edge_index[1].long()
             loop_attr = edge_attr.new_zeros(shape).index_add_(0, dst, edge_attr)
             if fill_value == "mean":
                 count = torch.zeros(num_nodes, dtype=edge_attr.dtype, device=edge_attr.device)
                 count.index_add_(0, dst, torch.ones_like(dst, dtype=edge_attr.dtype))
                 loop_attr = loop_attr / count.clamp(min=1).view((-1,) + (1,) * (len(shape) - 1))
-        else:
-            value = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
-            loop_attr = value.expand(shape) if value.dim() == 0 else value.reshape((1,) + value.shape).expand(shape)
-        return edge_index, torch.cat([edge_attr, loop_attr.to(edge_attr.dtype)], dim=0)
+            return loop_attr
+        value = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
+        if value.dim() and value.dim() != edge_attr.dim():
+            value = value.unsqueeze(0)
+        return value.expand(shape).contiguous()
 
     class MessagePassing(torch.nn.Module):
         """Stand-in for ``torch_geometric.nn.MessagePassing`` without PyG: takes its constructor
@@ -140,7 +148,7 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
-           "remove_self_loops", "add_self_loops", "Adjacency", "adjacency", "attention_weights", "fused_path"]
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "Adjacency", "adjacency", "attention_weights", "fused_path"]
 
 def fused_path(layer):
     """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain
@@ -307,3 +315,31 @@ def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
         check_index_range(dst_name, dst, num_dst)
         _dense_checked.put(edge_index, (num_src, num_dst, flow))
     return True
+
+
+# [2, E] edge_index tensors and their self-looped form: id -> (num_nodes, looped edge_index, kept edges).
+_looped = TensorMemo()
+
+
+def self_looped(edge_index, edge_attr, fill_value, num_nodes):
+    """PyG's ``remove_self_loops`` then ``add_self_loops`` (loops of nodes ``0 .. num_nodes -
+    1``, their ``edge_attr`` from ``fill_value``) of a ``[2, E]`` tensor: the same edges in the
+    same order. The index part is derived once per tensor (remembered until it changes), so that
+    a graph passed again costs no wait for the device and its looped form is the same tensor
+    (the kernel's range check of it is remembered too); only ``edge_attr`` is recomputed."""
+    compiling = torch.compiler.is_compiling()
+    fact = None if compiling else _looped.get(edge_index)
+    if fact is None or fact[0] != num_nodes:
+        kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)
+        loop = torch.arange(num_nodes, device=edge_index.device)  # int64: PyG's result is int64
+        looped = torch.cat([edge_index.index_select(1, kept), torch.stack([loop, loop])], dim=1)
+        fact = (num_nodes, looped, None if kept.shape[0] == edge_index.shape[1] else kept)
+        if not compiling:
+            _looped.put(edge_index, fact)
+    _, looped, kept = fact
+    if edge_attr is None:
+        return looped, None
+    if kept is not None:
+        edge_attr = edge_attr.index_select(0, kept)
+    loop_attr = compute_loop_attr(looped[:, :looped.shape[1] - num_nodes], edge_attr, num_nodes, False, fill_value)
+    return looped, torch.cat([edge_attr, loop_attr], dim=0)
