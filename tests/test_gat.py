@@ -242,7 +242,7 @@ def test_strided_inputs(kind, device, small_chunks):
 
 @kinds
 def test_gradcheck(kind):
-    feats, src, dst = kind.make(num_src=7, num_dst=6, num_edges=25, heads=2, dim=3, dtype=torch.float64, edge=True)
+    feats, src, dst = kind.make(num_src=7, num_dst=6, num_edges=18, heads=2, dim=2, dtype=torch.float64, edge=True)
     dst = dst.clone()
     dst[:3] = 0  # a duplicate-heavy node, and the last node keeps no edge
     leaves = [t.requires_grad_() for t in feats]
@@ -252,13 +252,6 @@ def test_gradcheck(kind):
     def dropped(*f):  # one mask for every evaluation: the same generator state each time
         return kind.call(kind.fn, list(f), src, dst, dropout_p=0.4, generator=torch.Generator().manual_seed(11))
     assert torch.autograd.gradcheck(dropped, leaves)
-    # The gradient of the source-side inputs alone, and of the destination-side ones alone.
-    side = (0, 1) if kind is GAT else (0,)
-    for wanted in (side, tuple(i for i in range(4) if i not in side)):
-        def partial(*f, wanted=wanted):
-            full = [f[wanted.index(i)] if i in wanted else leaves[i].detach() for i in range(4)]
-            return kind.call(kind.fn, full, src, dst)
-        assert torch.autograd.gradcheck(partial, [leaves[i] for i in wanted])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -465,8 +458,8 @@ def _op_args(kind, device, dtype=torch.float32, edge=False, dropout_p=0.0, retur
     return (*feats, src, dst, *groups, 0.2, dropout_p, seed, return_attention, True)
 
 
-OP_CASES = [dict(), dict(return_attention=True), dict(edge=True, dropout_p=0.25), dict(plan=True, dropout_p=0.5),
-            dict(dtype=torch.float64, edge=True, return_attention=True), dict(dtype=torch.bfloat16, plan=True)]
+OP_CASES = [dict(), dict(edge=True, dropout_p=0.25, return_attention=True),
+            dict(dtype=torch.float64, edge=True, plan=True, dropout_p=0.5), dict(dtype=torch.bfloat16, plan=True)]
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=lambda c: "-".join(
@@ -484,7 +477,7 @@ def test_opcheck_backward(kind, device):
     feats = [t.detach() for t in args[:4]]
     out, lse, _ = (t.detach() for t in kind.op(*args))
     grad_out = torch.randn_like(out)
-    for edge_grad, src_grad in ((False, True), (True, True), (True, False), (False, False)):
+    for edge_grad, src_grad in ((True, True), (True, False), (False, False)):
         torch.library.opcheck(kind.backward_op, (grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, args[12],
                                                  edge_grad, src_grad))
         grads = kind.backward_op(grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, args[12], edge_grad, src_grad)
