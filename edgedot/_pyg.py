@@ -9,8 +9,11 @@
   COO/CSR/CSC, ``torch_sparse.SparseTensor``) as the kernels' ``(src, dst)`` index pair, with the
   destination row pointer where the input is sorted by destination.
 * :func:`attention_weights`: what PyG returns as attention weights for that input.
+* :func:`remove_self_loops`, :func:`add_self_loops`: PyG's utilities where PyG imports, versions
+  for ``[2, E]`` tensors otherwise (the GAT layers' self-loop handling).
 """
 
+import math
 import weakref
 from typing import NamedTuple, Optional, Tuple, Union
 
@@ -22,8 +25,11 @@ try:
     from torch_geometric import EdgeIndex
     from torch_geometric.nn.conv import MessagePassing
     from torch_geometric.nn.dense.linear import Linear
-    from torch_geometric.typing import Adj, NoneType, OptTensor, PairTensor, SparseTensor
-    from torch_geometric.utils import softmax
+    from torch_geometric.typing import Adj, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor
+    from torch_geometric.typing import torch_sparse
+    from torch_geometric.utils import add_self_loops, is_torch_sparse_tensor, remove_self_loops, softmax
+    from torch_geometric.utils.loop import compute_loop_attr
+    from torch_geometric.utils.sparse import set_sparse_value
     HAVE_PYG = True
 except ImportError:  # PyG is optional: the layers then run their fused path only.
     HAVE_PYG = False
@@ -38,7 +44,56 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
     Adj = Union[torch.Tensor, SparseTensor]
     OptTensor = NoneType = Optional[torch.Tensor]
     PairTensor = Tuple[torch.Tensor, torch.Tensor]
+    OptPairTensor = Tuple[torch.Tensor, Optional[torch.Tensor]]
+    Size = Optional[Tuple[int, int]]
     softmax = None  # PyG's edge softmax, used by the exact (PyG-only) path
+    torch_sparse = set_sparse_value = None  # reached only with a SparseTensor / torch.sparse input and PyG
+
+    def is_torch_sparse_tensor(src):
+        """Whether ``src`` is a ``torch.sparse`` tensor (PyG's utility of that name)."""
+        return isinstance(src, torch.Tensor) and src.layout != torch.strided
+
+    def remove_self_loops(edge_index, edge_attr=None):
+        """``edge_index`` ``[2, E]`` and ``edge_attr`` without the edges from a node to itself."""
+        if is_torch_sparse_tensor(edge_index):
+            raise ValueError("edge_index: self-loops of a torch.sparse adjacency need torch_geometric installed")
+        keep = edge_index[0] != edge_index[1]
+        return edge_index[:, keep], None if edge_attr is None else edge_attr[keep]
+
+    def add_self_loops(edge_index, edge_attr=None, fill_value=None, num_nodes=None):
+        """``edge_index`` ``[2, E]`` followed by the loops of nodes ``0 .. num_nodes - 1``; the
+        loops' ``edge_attr`` is ``fill_value`` (a number, a tensor, or ``"add"``/``"sum"``/``"mean"``
+        of the features of the edges into the node), as PyG's utility of that name."""
+        if num_nodes is None:
+            num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+        loop = torch.arange(num_nodes, device=edge_index.device)  # int64, as PyG's
+        full = torch.cat([edge_index, torch.stack([loop, loop])], dim=1)
+        if edge_attr is None:
+            return full, None
+        return full, torch.cat([edge_attr, compute_loop_attr(edge_index, edge_attr, num_nodes, False, fill_value)])
+
+    def compute_loop_attr(edge_index, edge_attr, num_nodes, is_sparse, fill_value=None):
+        """The ``edge_attr`` of the self-loops of nodes ``0 .. num_nodes - 1``: ``fill_value`` (a
+        number, a tensor, or ``"add"``/``"sum"``/``"mean"`` of the features of the edges into the
+        node; ones for None), as PyG's utility of that name (``is_sparse`` False only)."""
+        shape = (num_nodes,) + tuple(edge_attr.shape[1:])
+        if fill_value is None:
+            return edge_attr.new_ones(shape)
+        if isinstance(fill_value, str):
+            if fill_value not in ("add", "sum", "mean"):
+                raise ValueError(f"fill_value={fill_value!r} needs torch_geometric installed "
+                                 "(only 'add', 'sum' and 'mean' without it)")
+            dst = edge_index[1].long()
+            loop_attr = edge_attr.new_zeros(shape).index_add_(0, dst, edge_attr)
+            if fill_value == "mean":
+                count = torch.zeros(num_nodes, dtype=edge_attr.dtype, device=edge_attr.device)
+                count.index_add_(0, dst, torch.ones_like(dst, dtype=edge_attr.dtype))
+                loop_attr = loop_attr / count.clamp(min=1).view((-1,) + (1,) * (len(shape) - 1))
+            return loop_attr
+        value = torch.as_tensor(fill_value, dtype=edge_attr.dtype, device=edge_attr.device)
+        if value.dim() and value.dim() != edge_attr.dim():
+            value = value.unsqueeze(0)
+        return value.expand(shape).contiguous()
 
     class MessagePassing(torch.nn.Module):
         """Stand-in for ``torch_geometric.nn.MessagePassing`` without PyG: takes its constructor
@@ -59,17 +114,41 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
         def reset_parameters(self):
             """Nothing to reset: the aggregation has no parameters."""
 
-    def Linear(in_channels, out_channels, bias=True):  # noqa: N802 - stands for PyG's class
+    class _GlorotLinear(torch.nn.Linear):
+        """``torch.nn.Linear`` initialised as PyG's ``Linear(..., weight_initializer="glorot")``."""
+
+        def reset_parameters(self):
+            """Glorot-uniform weight, bias uniform in ``1/sqrt(fan_in)`` (PyG's draws, in order)."""
+            bound = math.sqrt(6.0 / (self.weight.shape[0] + self.weight.shape[1]))
+            torch.nn.init.uniform_(self.weight, -bound, bound)
+            if self.bias is not None:
+                torch.nn.init.uniform_(self.bias, -1 / math.sqrt(self.in_features), 1 / math.sqrt(self.in_features))
+
+    class _LazyGlorotLinear(torch.nn.LazyLinear):
+        """``LazyLinear`` that becomes a :class:`_GlorotLinear` at its first input."""
+        cls_to_become = _GlorotLinear
+
+        def reset_parameters(self):
+            """Initialises as :class:`_GlorotLinear` once the input width is known."""
+            if not self.has_uninitialized_params() and self.in_features != 0:
+                _GlorotLinear.reset_parameters(self)
+
+    def Linear(in_channels, out_channels, bias=True, weight_initializer=None):  # noqa: N802 - PyG's class
         """``torch.nn.Linear`` (``LazyLinear`` for PyG's ``in_channels=-1``): the same
-        initialisation as PyG's ``Linear`` (Kaiming-uniform with ``a=sqrt(5)``, bias uniform in
-        ``1/sqrt(fan_in)``)."""
+        initialisation as PyG's ``Linear`` (Kaiming-uniform with ``a=sqrt(5)``, or Glorot-uniform
+        with ``weight_initializer="glorot"``; bias uniform in ``1/sqrt(fan_in)``)."""
+        if weight_initializer not in (None, "glorot"):
+            raise ValueError(f"weight_initializer={weight_initializer!r} needs torch_geometric installed")
+        if weight_initializer == "glorot":
+            return (_LazyGlorotLinear if in_channels == -1 else _GlorotLinear)(
+                *([] if in_channels == -1 else [in_channels]), out_channels, bias=bias)
         if in_channels == -1:
             return torch.nn.LazyLinear(out_channels, bias=bias)
         return torch.nn.Linear(in_channels, out_channels, bias=bias)
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
-           "softmax", "Adjacency", "adjacency", "attention_weights",
-           "fused_path"]
+           "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "Adjacency", "adjacency", "attention_weights", "fused_path"]
 
 def fused_path(layer):
     """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain
@@ -160,7 +239,6 @@ def attention_weights(edge_index, alpha, sparse_values=False):
     if isinstance(edge_index, SparseTensor):
         return edge_index.set_value(alpha, layout="coo")
     if sparse_values and edge_index.layout != torch.strided:
-        from torch_geometric.utils import set_sparse_value
         return set_sparse_value(edge_index, alpha), alpha
     return edge_index, alpha
 
@@ -237,3 +315,31 @@ def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
         check_index_range(dst_name, dst, num_dst)
         _dense_checked.put(edge_index, (num_src, num_dst, flow))
     return True
+
+
+# [2, E] edge_index tensors and their self-looped form: id -> (num_nodes, looped edge_index, kept edges).
+_looped = TensorMemo()
+
+
+def self_looped(edge_index, edge_attr, fill_value, num_nodes):
+    """PyG's ``remove_self_loops`` then ``add_self_loops`` (loops of nodes ``0 .. num_nodes -
+    1``, their ``edge_attr`` from ``fill_value``) of a ``[2, E]`` tensor: the same edges in the
+    same order. The index part is derived once per tensor (remembered until it changes), so that
+    a graph passed again costs no wait for the device and its looped form is the same tensor
+    (the kernel's range check of it is remembered too); only ``edge_attr`` is recomputed."""
+    compiling = torch.compiler.is_compiling()
+    fact = None if compiling else _looped.get(edge_index)
+    if fact is None or fact[0] != num_nodes:
+        kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)
+        loop = torch.arange(num_nodes, device=edge_index.device)  # int64: PyG's result is int64
+        looped = torch.cat([edge_index.index_select(1, kept), torch.stack([loop, loop])], dim=1)
+        fact = (num_nodes, looped, None if kept.shape[0] == edge_index.shape[1] else kept)
+        if not compiling:
+            _looped.put(edge_index, fact)
+    _, looped, kept = fact
+    if edge_attr is None:
+        return looped, None
+    if kept is not None:
+        edge_attr = edge_attr.index_select(0, kept)
+    loop_attr = compute_loop_attr(looped[:, :looped.shape[1] - num_nodes], edge_attr, num_nodes, False, fill_value)
+    return looped, torch.cat([edge_attr, loop_attr], dim=0)

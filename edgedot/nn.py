@@ -1,11 +1,13 @@
-"""``nn.Module`` wrappers around :func:`edgedot.edge_dot` and :func:`edgedot.graph_attention`."""
+"""``nn.Module`` wrappers around :func:`edgedot.edge_dot`, :func:`edgedot.graph_attention`,
+:func:`edgedot.gat_attention` and :func:`edgedot.gatv2_attention`."""
 
 import torch
 
+from ._gat_conv import GATConv, GATv2Conv
 from ._transformer_conv import TransformerConv
 from .functional import edge_dot
 
-__all__ = ["EdgeDot", "InnerProductDecoder", "TransformerConv"]
+__all__ = ["EdgeDot", "GATConv", "GATv2Conv", "InnerProductDecoder", "TransformerConv"]
 
 
 class EdgeDot(torch.nn.Module):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,9 +113,12 @@ def test_quick_run_attention_edgedot(quick_report):
 
 def test_case_selection():
     names = [case.name for case in select_cases(None, quick=False)]
-    assert names[0] == "default" and names[-9:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
-                                                    "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
-                                                    "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16", "attn_minibatch_f32"]
+    gat_names = [f"{conv}_{graph}" for conv in ("gat", "gatv2")
+                 for graph in ("products_bf16", "rmat20_bf16", "uniform20_bf16", "minibatch_f32")]
+    assert names[0] == "default" and names[-17:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+                                                     "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
+                                                     "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16",
+                                                     "attn_minibatch_f32"] + gat_names
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
     with pytest.raises(SystemExit, match="unknown case"):
@@ -167,3 +171,30 @@ def test_power_law_cases():
     add_power_law_ratios(records)
     assert records["a"]["targets"]["forward_vs_uniform"] == [1.3, 1.3]
     assert records["a"]["targets"]["forward_backward_vs_uniform"] == [None, 1.3]
+
+
+@pytest.mark.parametrize("conv", ["gat", "gatv2"])
+def test_gat_paths_pass_their_check(conv):
+    """Every GAT benchmark path that can run here (not compile: slow to build on a CPU) passes
+    its float64 check, forward and forward+backward, on a shrunk power-law case."""
+    from edgedot.bench import gat
+    from edgedot.bench.attention import make_attention_set
+    from edgedot.bench.cases import TOLERANCE
+
+    pytest.importorskip("torch_geometric")
+    case = replace(gat.shrunk_gat(next(c for c in gat.GAT_CASES if c.conv == conv and c.graph == "rmat")),
+                   num_edges=600, num_nodes=64, dtype=torch.float32)
+    sets = [make_attention_set(case, torch.device("cpu"), seed) for seed in range(2)]
+    weights, att = gat.gat_weights(case, "cpu"), gat.op_att(case, "cpu")
+    for backward in (False, True):
+        if backward:
+            for s in sets:
+                s.requires_grad_()
+            att.requires_grad_()
+        check = gat.expected_gat(case, sets[0], weights, att, backward)
+        paths = gat.gat_paths(case, sets, check, None, weights, att, backward)
+        for name in ("edgedot", "edgedot_layer", "edgedot_sorted", "pyg"):
+            path = paths[name]()
+            path.reset(0)
+            error = path.check() if path.check is not None else path.error_of(path.call(0))
+            assert error <= TOLERANCE[case.dtype], (name, backward, error)

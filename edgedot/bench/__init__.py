@@ -1,7 +1,9 @@
-"""Benchmark of :func:`edgedot.edge_dot` and :func:`edgedot.graph_attention` against PyTorch and PyG.
+"""Benchmark of :func:`edgedot.edge_dot`, :func:`edgedot.graph_attention` and the GAT ops against PyTorch and PyG.
 
 ``edge_dot`` is compared with eager PyTorch, ``torch.compile`` and cuSPARSE; ``graph_attention``
-with PyG's ``TransformerConv`` and ``torch.compile`` of the unfused math.
+with PyG's ``TransformerConv`` and ``torch.compile`` of the unfused math; ``gat_attention`` /
+``gatv2_attention`` with PyG's ``GATConv`` / ``GATv2Conv``, ``torch.compile`` of the unfused
+math and Turbo-GNN's ``gatv2_aggr``.
 
 Run ``python -m edgedot.bench`` on a CUDA device (``--help`` lists the options; ``--quick`` runs
 every case at a tiny size, also on the CPU, as a smoke test of the code paths).
@@ -9,7 +11,9 @@ every case at a tiny size, also on the CPU, as a smoke test of the code paths).
 Modules: ``__main__`` (command line), ``timing`` (clocks, bandwidth probes, the measurement of
 one path), ``cases`` (the edge_dot cases and input sets), ``edge_dot`` (its expected results,
 bytes and paths), ``attention`` and ``attention_check`` (the attention cases, paths and their
-float64 check), ``report`` (tables, JSON, chart).
+float64 check), ``gat`` (the GAT / GATv2 cases, ``gat_*`` and ``gatv2_*``, on the attention
+cases' graphs, their paths and float64 check: see its docstring), ``report`` (tables, JSON,
+chart).
 
 Cases (``CASES`` and ``ATTENTION_CASES``; ``--cases`` picks some by name)
     ``default`` is the seed's problem (int32 indices); the others use int64 indices. "mid" is

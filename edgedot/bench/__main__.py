@@ -12,6 +12,7 @@ from . import __doc__ as package_doc
 from .attention import ATTENTION_CASES, AttentionCase, add_power_law_ratios, run_attention_case, shrunk_attention
 from .cases import CASES, TOLERANCE, dtype_name, shrunk
 from .edge_dot import load_kernels, run_case
+from .gat import GAT_CASES, GATCase, add_gat_power_law_ratios, run_gat_case, shrunk_gat
 from .report import report_lines, save_chart, write_json
 from .timing import (FULL, QUICK, CudaClock, HostClock, cache_bytes, copy_bandwidth, first_line, l2_bandwidths,
                      l2_probe_bytes, progress, release_memory)
@@ -21,6 +22,7 @@ def select_cases(names, quick):
     """The chosen cases (all by default), shrunk for ``--quick``; edge_dot cases first."""
     known = {case.name: (case, shrunk) for case in CASES}
     known.update({case.name: (case, shrunk_attention) for case in ATTENTION_CASES})
+    known.update({case.name: (case, shrunk_gat) for case in GAT_CASES})
     chosen = [name.strip() for name in names.split(",")] if names else list(known)
     unknown = [name for name in chosen if name not in known]
     if unknown:
@@ -31,7 +33,7 @@ def select_cases(names, quick):
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m edgedot.bench", description=package_doc.splitlines()[0])
     parser.add_argument("--cases", help="comma-separated case names (default: all): "
-                        + ", ".join(case.name for case in [*CASES, *ATTENTION_CASES]))
+                        + ", ".join(case.name for case in [*CASES, *ATTENTION_CASES, *GAT_CASES]))
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test (also on CPU)")
     parser.add_argument("--json", default="bench_out/bench.json", help="where to write all numbers")
     parser.add_argument("--png", default="bench_out/bench.png", help="where to write the chart")
@@ -60,10 +62,13 @@ def main(argv=None):
     bandwidths = {"copy": copy_bw, "l2_copy": l2_bw["copy"]}
     records = {}
     for case in cases:
-        run = run_attention_case if isinstance(case, AttentionCase) else run_case
+        # (GATCase first: it is an AttentionCase too.)
+        run = run_gat_case if isinstance(case, GATCase) else \
+            run_attention_case if isinstance(case, AttentionCase) else run_case
         records[case.name] = run(case, device, clock, settings, not args.no_backward, bandwidths)
         release_memory()
     add_power_law_ratios(records)
+    add_gat_power_law_ratios(records)
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -18,6 +18,8 @@ GRAPH_REPLAY = "graph_replay"           # cold: the captured calls rotate throug
 GRAPH_REPLAY_HOT = "graph_replay_hot"   # hot: every captured call on input set 0
 ATTN_FORWARD = "attention_forward"
 ATTN_FORWARD_BACKWARD = "attention_forward_backward"
+GAT_FORWARD = "gat_forward"
+GAT_FORWARD_BACKWARD = "gat_forward_backward"
 
 
 def dtype_name(dtype):

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 from .attention import TARGET_DEVICE, targets_apply
-from .cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GRAPH_REPLAY,
-                    GRAPH_REPLAY_HOT)
+from .cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GAT_FORWARD, GAT_FORWARD_BACKWARD,
+                    GRAPH_REPLAY, GRAPH_REPLAY_HOT)
 from .timing import CALLS_PER_GRAPH
 
 
@@ -44,6 +44,10 @@ TABLES = [
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
     ("Attention forward + backward", [(ATTN_FORWARD_BACKWARD, "")],
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "peak_extra_bytes"]),
+    ("GAT forward", [(GAT_FORWARD, "")],
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
+    ("GAT forward + backward", [(GAT_FORWARD_BACKWARD, "")],
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "peak_extra_bytes"]),
 ]
 SECTIONS = [section for _, parts, _ in TABLES for section, _ in parts]
 NAME_WIDTH, CELL_WIDTH, CASE_CELL_WIDTH = 18, 16, 11
@@ -72,7 +76,7 @@ def case_table(cases):
               "fwd MB", "f+b MB", "cusparse E"]
     rows = []
     for name, record in cases.items():
-        if record.get("kind") == "attention":
+        if record.get("kind") != "edge_dot":
             continue
         config = record["config"]
         cusparse = record[FORWARD].get("cusparse", {})
@@ -85,17 +89,18 @@ def case_table(cases):
 
 
 def attention_case_table(cases):
-    """Sizes, the float64 check's sample and the gather bound of each attention case."""
+    """Sizes, the float64 check's sample and the gather bound of each attention (and GAT) case."""
     header = ["case", "N", "E", "HxD", "dtype", "in", "sets", "chk nodes", "chk edges", "fwd MB", "bound us"]
     rows = []
     for name, record in cases.items():
-        if record.get("kind") != "attention":
+        if record.get("kind") not in ("attention", "gat"):
             continue
         config, check = record["config"], record["check"]
         bound = record["bound_us"]
+        forward_bytes = record["bytes"][ATTN_FORWARD if record["kind"] == "attention" else GAT_FORWARD]
         rows.append([name, config["num_nodes"], config["num_edges"], f"{config['heads']}x{config['dim']}",
                      config["dtype"], config["in_channels"], record["input_sets"], check["dst_nodes"],
-                     check["edges"], megabytes(record["bytes"][ATTN_FORWARD]),
+                     check["edges"], megabytes(forward_bytes),
                      "n/a" if bound is None else f"{bound:.0f}"])
     return ["", "Attention cases (chk: destination nodes and edges of the float64 check)"] + \
         table_lines(header, rows, CASE_CELL_WIDTH) if rows else []

@@ -1,0 +1,538 @@
+"""``edgedot.nn.GATConv`` and ``edgedot.nn.GATv2Conv``: PyG's graph attention layers with the
+per-edge work (scores, softmax, dropout, weighted sum) fused into :func:`edgedot.gat_attention`
+and :func:`edgedot.gatv2_attention`."""
+
+import math
+import typing
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+
+from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
+                   add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
+                   remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
+from .attention import draw_seed, dropout_keep
+from .gat import gat_attention, gatv2_attention
+
+if typing.TYPE_CHECKING:
+    from typing import overload
+else:
+    from torch.jit import _overload_method as overload
+
+# No __all__: PyG's generated propagate and edge_updater do ``from edgedot._gat_conv import *``
+# and need the type names (OptTensor, ...) imported here.
+
+
+def _glorot(param):
+    """PyG's ``glorot`` initialisation of ``param`` (uniform in ``sqrt(6 / (fan_in + fan_out))``
+    over its last two dimensions); nothing for None."""
+    if param is not None:
+        bound = math.sqrt(6.0 / (param.shape[-2] + param.shape[-1]))
+        with torch.no_grad():
+            param.uniform_(-bound, bound)
+
+
+def _zero(param):
+    if param is not None:
+        with torch.no_grad():
+            param.zero_()
+
+
+class _GATBase(MessagePassing):
+    """What both layers share: the attributes PyG's layers have, self-loop handling, the heads'
+    concatenation or mean, the residual and the bias, and the fused path's bookkeeping."""
+
+    def _init_common(self, in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                     edge_dim, fill_value, residual):
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+
+    def _init_tail(self, in_channels, bias):
+        """``res`` and ``bias``, created after the attention parameters as in PyG's layers."""
+        width = self.out_channels * (self.heads if self.concat else 1)
+        if self.residual:
+            in_dst = in_channels if isinstance(in_channels, int) else in_channels[1]
+            self.res = Linear(in_dst, width, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = Parameter(torch.empty(width))
+        else:
+            self.register_parameter("bias", None)
+
+    def _finish(self, out: Tensor, res: OptTensor) -> Tensor:
+        """``[N, H, C]`` attention output -> the layer's output: heads concatenated (or
+        averaged), plus the residual and the bias."""
+        if self.concat:
+            out = out.reshape(-1, self.heads * self.out_channels)
+        else:
+            out = out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    @torch.jit.unused
+    def _loops(self, edge_index, edge_attr, num_nodes):
+        """PyG's self-loop handling: a tensor (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``)
+        loses its self-loops and gains one per node of ``0 .. num_nodes - 1`` (``edge_attr``
+        filled with ``fill_value``); a ``SparseTensor`` gets its diagonal set (refused with
+        ``edge_dim``, as PyG refuses it)."""
+        if not self.add_self_loops:
+            return edge_index, edge_attr
+        if isinstance(edge_index, SparseTensor):
+            if self.edge_dim is not None:
+                raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor edge_index "
+                                          "(as in PyG)")
+            return torch_sparse.set_diag(edge_index), edge_attr
+        if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
+            return self_looped(edge_index, edge_attr, self.fill_value, num_nodes)
+        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+        return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+
+    @torch.jit.unused
+    def _weights(self, edge_index, alpha, seed, num_edges):
+        """PyG's ``return_attention_weights`` value for ``alpha`` ``[E, H]``: the weights after
+        dropout in training (dropout applies the mask of ``seed``), as PyG's layers return them."""
+        if seed is not None:
+            if self.dropout >= 1:
+                alpha = torch.zeros_like(alpha)
+            else:
+                keep = dropout_keep(seed, num_edges, self.heads, self.dropout, alpha.device)
+                alpha = alpha * keep / (1 - self.dropout)
+        if self.add_self_loops and type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
+            edge_index = edge_index.clone()  # the looped graph is remembered for the next call: not handed out
+        return attention_weights(edge_index, alpha, sparse_values=True)
+
+    @torch.jit.unused
+    def _attend(self, op, args, adj, edge_index, kwargs, want_alpha):
+        """Runs the fused ``op`` on ``args`` and the adjacency; returns ``(out, weights or None)``.
+
+        Where the weights are wanted in training with dropout, the seed the op draws is drawn
+        again from a copy of the default generator's state, for PyG's dropped weights."""
+        dropout_p = self.dropout if self.training else 0.0
+        state = torch.get_rng_state() if want_alpha and dropout_p > 0 else None
+        out = op(*args, adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
+                 dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, **kwargs)
+        if not want_alpha:
+            return out, None
+        out, alpha = out
+        seed = None
+        if state is not None:
+            generator = torch.Generator()
+            generator.set_state(state)
+            seed = draw_seed(generator)
+        return out, self._weights(edge_index, alpha, seed, adj.src.shape[0])
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+class GATConv(_GATBase):
+    """Drop-in for ``torch_geometric.nn.GATConv`` (graph attention, Velickovic et al. 2018), its
+    edges' work computed by :func:`edgedot.gat_attention`.
+
+    With PyG installed this is a ``torch_geometric.nn.MessagePassing`` with PyG's constructor
+    (``in_channels`` an int or a pair, ``out_channels``, ``heads``, ``concat``,
+    ``negative_slope``, ``dropout``, ``add_self_loops``, ``edge_dim``, ``fill_value``, ``bias``,
+    ``residual``; ``**kwargs`` go to ``MessagePassing``), parameters (``lin`` or ``lin_src`` and
+    ``lin_dst``, ``att_src``, ``att_dst``, ``lin_edge``, ``att_edge``, ``res``, ``bias``: state
+    dicts load both ways), initialisation (the same seed gives the same weights as PyG's layer),
+    ``__repr__``, ``reset_parameters``, ``edge_update`` and ``message``; without PyG it is a
+    ``torch.nn.Module`` with the fused path only.
+
+    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``: ``x`` a
+    tensor or a pair ``(x_src, x_dst)`` (``x_dst`` may be None); ``edge_index`` a ``[2, E]``
+    tensor (sources in row 0), a PyG ``EdgeIndex``, a transposed ``torch.sparse`` adjacency
+    (``[num_dst, num_src]``) or a transposed ``torch_sparse.SparseTensor``; ``size`` the
+    ``(num_src, num_dst)`` of the adjacency. Self-loops are replaced as in PyG (removed, then one
+    per node added, their ``edge_attr`` from ``fill_value``). With ``return_attention_weights``
+    true it returns what PyG returns: ``(out, (edge_index, alpha))`` (the edges after the
+    self-loop handling), ``(out, (adj, alpha))`` for a ``torch.sparse`` adjacency, ``(out, adj)``
+    for a ``SparseTensor``; ``alpha`` ``[E, heads]`` is after dropout, as PyG's, but not
+    differentiable. Dropout on the attention applies in training mode only, with the mask of
+    :func:`edgedot.attention.dropout_keep`.
+
+    The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode,
+    with message-passing hooks, with another ``aggr`` or ``decomposed_layers > 1``, and for a
+    pair ``(x_src, None)`` without ``size``. The exact path is PyG's ``edge_updater`` and
+    ``propagate``; there ``alpha`` is differentiable. Unlike PyG's layer, a module holding this
+    one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
+    returns the weights too, one return type per signature).
+
+    Without PyG, self-loops of a ``torch.sparse`` adjacency and ``fill_value`` reductions other
+    than ``"add"``, ``"sum"`` and ``"mean"`` raise ``ValueError``.
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: Optional[int] = None, fill_value: Union[float, Tensor, str] = "mean", bias: bool = True,
+                 residual: bool = False, **kwargs):
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        self._init_common(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                          edge_dim, fill_value, residual)
+        width = heads * out_channels
+        # Created in PyG's order, so that a seed gives PyG's initial weights.
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = Linear(in_channels, width, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_src = Linear(in_channels[0], width, bias=False, weight_initializer="glorot")
+            self.lin_dst = Linear(in_channels[1], width, bias=False, weight_initializer="glorot")
+        self.att_src = Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
+            self.att_edge = Parameter(torch.empty(1, heads, out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
+        self._init_tail(in_channels, bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Re-initialises every parameter as PyG's layer does (same order, same draws)."""
+        super().reset_parameters()
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            if lin is not None:
+                lin.reset_parameters()
+        _glorot(self.att_src)
+        _glorot(self.att_dst)
+        _glorot(self.att_edge)
+        _zero(self.bias)
+
+    @overload
+    def forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj, edge_attr: OptTensor = None,
+                size: Size = None, return_attention_weights: NoneType = None) -> Tensor:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, OptPairTensor], edge_index: Tensor,  # noqa: F811
+                edge_attr: OptTensor = None, size: Size = None,
+                return_attention_weights: bool = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, OptPairTensor], edge_index: SparseTensor,  # noqa: F811
+                edge_attr: OptTensor = None, size: Size = None,
+                return_attention_weights: bool = None) -> Tuple[Tensor, SparseTensor]:
+        pass
+
+    def forward(self, x: Union[Tensor, OptPairTensor], edge_index: Adj, edge_attr: OptTensor = None,  # noqa: F811
+                size: Size = None, return_attention_weights: Optional[bool] = None
+                ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        """The layer's output (see the class); with ``return_attention_weights`` true, also the
+        attention weights."""
+        H, C = self.heads, self.out_channels
+        x_src, x_dst, res = self._project(x)
+        if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
+            if fused_path(self) and (x_dst is not None or size is not None):
+                return self._fused_forward(x_src, x_dst, res, edge_index, edge_attr, size,
+                                           return_attention_weights)
+
+        # PyG's exact path.
+        a_src = (x_src * self.att_src).sum(dim=-1)
+        a_dst = None if x_dst is None else (x_dst * self.att_dst).sum(-1)
+        if self.add_self_loops:
+            if isinstance(edge_index, Tensor):
+                # Loops for the nodes that are both sources and destinations.
+                num_nodes = x_src.size(0)
+                if x_dst is not None:
+                    num_nodes = min(num_nodes, x_dst.size(0))
+                num_nodes = min(size) if size is not None else num_nodes
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                                                       num_nodes=num_nodes)
+            elif isinstance(edge_index, SparseTensor):
+                if self.edge_dim is None:
+                    edge_index = torch_sparse.set_diag(edge_index)
+                else:
+                    raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor "
+                                              "edge_index (as in PyG)")
+
+        # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
+        alpha = self.edge_updater(edge_index, alpha=(a_src, a_dst), edge_attr=edge_attr, size=size)
+        # propagate_type: (x: OptPairTensor, alpha: Tensor)
+        out = self.propagate(edge_index, x=(x_src, x_dst), alpha=alpha, size=size)
+        out = self._finish(out.view(-1, H, C), res)
+
+        # (isinstance first: TorchScript drops the branch where the argument is None.)
+        if isinstance(return_attention_weights, bool):
+            if return_attention_weights or torch.jit.is_scripting():  # (one return type per overload)
+                if isinstance(edge_index, Tensor):
+                    if is_torch_sparse_tensor(edge_index):
+                        return out, (set_sparse_value(edge_index, alpha), alpha)
+                    return out, (edge_index, alpha)
+                elif isinstance(edge_index, SparseTensor):
+                    return out, edge_index.set_value(alpha, layout="coo")
+        return out
+
+    def _project(self, x: Union[Tensor, OptPairTensor]) -> Tuple[Tensor, OptTensor, OptTensor]:
+        """``x_src`` ``[Ns, H, C]``, ``x_dst`` ``[Nd, H, C]`` (None for a pair ``(x, None)``) and
+        the residual (None without ``residual`` or ``x_dst``)."""
+        H, C = self.heads, self.out_channels
+        res: OptTensor = None
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                raise ValueError(f"x must be [N, in_channels], got {x.dim()} dimensions")
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = self.lin(x).view(-1, H, C)
+                x_dst: OptTensor = x_src
+            else:
+                assert self.lin_src is not None and self.lin_dst is not None
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            x_src_in, x_dst_in = x[0], x[1]
+            if x_src_in.dim() != 2:
+                raise ValueError(f"x[0] must be [N, in_channels], got {x_src_in.dim()} dimensions")
+            if x_dst_in is not None and self.res is not None:
+                res = self.res(x_dst_in)
+            if self.lin is not None:  # one projection for both sides
+                x_src = self.lin(x_src_in).view(-1, H, C)
+                x_dst = None if x_dst_in is None else self.lin(x_dst_in).view(-1, H, C)
+            else:
+                assert self.lin_src is not None and self.lin_dst is not None
+                x_src = self.lin_src(x_src_in).view(-1, H, C)
+                x_dst = None if x_dst_in is None else self.lin_dst(x_dst_in).view(-1, H, C)
+        return x_src, x_dst, res
+
+    def edge_update(self, alpha_j: Tensor, alpha_i: OptTensor, edge_attr: OptTensor, index: Tensor,
+                    ptr: OptTensor, dim_size: Optional[int]) -> Tensor:
+        """PyG's attention of each edge: ``leaky_relu`` of the summed source, destination (and
+        edge) terms, softmax over each destination's edges, dropout."""
+        alpha = alpha_j if alpha_i is None else alpha_j + alpha_i
+        if index.numel() == 0:
+            return alpha
+        if edge_attr is not None and self.lin_edge is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            edge_attr = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+            alpha = alpha + (edge_attr * self.att_edge).sum(dim=-1)
+        alpha = F.leaky_relu(alpha, self.negative_slope)
+        alpha = softmax(alpha, index, ptr, dim_size)
+        return F.dropout(alpha, p=self.dropout, training=self.training)
+
+    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
+        """PyG's message: the source's features weighted by the edge's attention."""
+        return alpha.unsqueeze(-1) * x_j
+
+    @torch.jit.unused
+    def _fused_forward(self, x_src, x_dst, res, edge_index, edge_attr, size, return_attention_weights):
+        num_src = x_src.shape[0] if size is None else size[0]
+        num_dst = x_dst.shape[0] if x_dst is not None else size[1]
+        if size is not None and (x_src.shape[0], num_dst) != (size[0], size[1]):
+            raise ValueError(f"size {tuple(size)} disagrees with the node features: "
+                             f"{x_src.shape[0]} sources, {num_dst} destinations")
+        loops = min(num_src, num_dst) if size is None else min(size)
+        edge_index, edge_attr = self._loops(edge_index, edge_attr, loops)
+        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        a_src = (x_src * self.att_src).sum(dim=-1)
+        if x_dst is not None:
+            a_dst = (x_dst * self.att_dst).sum(dim=-1)
+        else:
+            a_dst = x_src.new_zeros(num_dst, self.heads)
+        a_edge = None
+        if edge_attr is None and adj.edge_attr is not None and adj.edge_attr.dim() > 1:
+            edge_attr = adj.edge_attr  # a sparse adjacency's values, as PyG's propagate takes them
+        if edge_attr is not None and self.lin_edge is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            # The edge term through [H, edge_dim] weights: no [E, H, C] projection.
+            weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
+            a_edge = edge_attr @ (weight * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+        want_alpha = bool(return_attention_weights)
+        out, weights = self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge},
+                                    want_alpha)
+        out = self._finish(out, res)
+        return (out, weights) if want_alpha else out
+
+
+class GATv2Conv(_GATBase):
+    """Drop-in for ``torch_geometric.nn.GATv2Conv`` (Brody et al. 2022, "How attentive are graph
+    attention networks?"), its edges' work computed by :func:`edgedot.gatv2_attention`: no
+    ``[E, heads, out_channels]`` tensor is made (except the projected ``edge_attr`` with
+    ``edge_dim``).
+
+    Constructor, parameters (``lin_l``, ``lin_r``, ``att``, ``lin_edge``, ``res``, ``bias``),
+    initialisation, ``__repr__`` and paths as PyG's ``GATv2Conv`` and as :class:`GATConv`
+    describes for it (``share_weights=True``: ``lin_r`` is ``lin_l``).
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``: ``x`` a tensor or
+    a pair of tensors; the other arguments and the return values as for :class:`GATConv`.
+    ``edge_attr`` without ``edge_dim`` raises ``ValueError``.
+    """
+
+    def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: Optional[int] = None, fill_value: Union[float, Tensor, str] = "mean", bias: bool = True,
+                 share_weights: bool = False, residual: bool = False, **kwargs):
+        super().__init__(node_dim=0, **kwargs)
+        self._init_common(in_channels, out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+                          edge_dim, fill_value, residual)
+        self.share_weights = share_weights
+        width = heads * out_channels
+        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        # Created in PyG's order, so that a seed gives PyG's initial weights.
+        self.lin_l = Linear(in_src, width, bias=bias, weight_initializer="glorot")
+        if share_weights:
+            self.lin_r = self.lin_l
+        else:
+            self.lin_r = Linear(in_dst, width, bias=bias, weight_initializer="glorot")
+        self.att = Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, width, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_edge = None
+        self._init_tail(in_channels, bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Re-initialises every parameter as PyG's layer does (same order, same draws)."""
+        super().reset_parameters()
+        self.lin_l.reset_parameters()
+        self.lin_r.reset_parameters()
+        if self.lin_edge is not None:
+            self.lin_edge.reset_parameters()
+        if self.res is not None:
+            self.res.reset_parameters()
+        _glorot(self.att)
+        _zero(self.bias)
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Adj, edge_attr: OptTensor = None,
+                return_attention_weights: NoneType = None) -> Tensor:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Tensor,  # noqa: F811
+                edge_attr: OptTensor = None,
+                return_attention_weights: bool = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        pass
+
+    @overload
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: SparseTensor,  # noqa: F811
+                edge_attr: OptTensor = None,
+                return_attention_weights: bool = None) -> Tuple[Tensor, SparseTensor]:
+        pass
+
+    def forward(self, x: Union[Tensor, PairTensor], edge_index: Adj, edge_attr: OptTensor = None,  # noqa: F811
+                return_attention_weights: Optional[bool] = None
+                ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]], Tuple[Tensor, SparseTensor]]:
+        """The layer's output (see the class); with ``return_attention_weights`` true, also the
+        attention weights."""
+        H, C = self.heads, self.out_channels
+        x_l, x_r, res = self._project(x)
+        if not torch.jit.is_scripting():
+            if fused_path(self):
+                return self._fused_forward(x_l, x_r, res, edge_index, edge_attr, return_attention_weights)
+
+        # PyG's exact path.
+        if self.add_self_loops:
+            if isinstance(edge_index, Tensor):
+                num_nodes = min(x_l.size(0), x_r.size(0))
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                                                       num_nodes=num_nodes)
+            elif isinstance(edge_index, SparseTensor):
+                if self.edge_dim is None:
+                    edge_index = torch_sparse.set_diag(edge_index)
+                else:
+                    raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor "
+                                              "edge_index (as in PyG)")
+
+        # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
+        alpha = self.edge_updater(edge_index, x=(x_l, x_r), edge_attr=edge_attr)
+        # propagate_type: (x: PairTensor, alpha: Tensor)
+        out = self.propagate(edge_index, x=(x_l, x_r), alpha=alpha)
+        out = self._finish(out.view(-1, H, C), res)
+
+        # (isinstance first: TorchScript drops the branch where the argument is None.)
+        if isinstance(return_attention_weights, bool):
+            if return_attention_weights or torch.jit.is_scripting():  # (one return type per overload)
+                if isinstance(edge_index, Tensor):
+                    if is_torch_sparse_tensor(edge_index):
+                        return out, (set_sparse_value(edge_index, alpha), alpha)
+                    return out, (edge_index, alpha)
+                elif isinstance(edge_index, SparseTensor):
+                    return out, edge_index.set_value(alpha, layout="coo")
+        return out
+
+    def _project(self, x: Union[Tensor, PairTensor]) -> Tuple[Tensor, Tensor, OptTensor]:
+        """``x_l`` ``[Ns, H, C]`` (sources), ``x_r`` ``[Nd, H, C]`` (destinations) and the
+        residual (None without ``residual``)."""
+        H, C = self.heads, self.out_channels
+        res: OptTensor = None
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                raise ValueError(f"x must be [N, in_channels], got {x.dim()} dimensions")
+            if self.res is not None:
+                res = self.res(x)
+            x_l = self.lin_l(x).view(-1, H, C)
+            x_r = x_l if self.share_weights else self.lin_r(x).view(-1, H, C)
+        else:
+            x_src_in, x_dst_in = x[0], x[1]
+            if x_src_in.dim() != 2:
+                raise ValueError(f"x[0] must be [N, in_channels], got {x_src_in.dim()} dimensions")
+            if x_dst_in is None:
+                raise ValueError("x[1] must be a tensor: GATv2Conv needs the destinations' features")
+            if self.res is not None:
+                res = self.res(x_dst_in)
+            x_l = self.lin_l(x_src_in).view(-1, H, C)
+            x_r = self.lin_r(x_dst_in).view(-1, H, C)
+        return x_l, x_r, res
+
+    def edge_update(self, x_j: Tensor, x_i: Tensor, edge_attr: OptTensor, index: Tensor, ptr: OptTensor,
+                    dim_size: Optional[int]) -> Tensor:
+        """PyG's attention of each edge: ``att . leaky_relu(x_i + x_j (+ edge term))``, softmax
+        over each destination's edges, dropout."""
+        x = x_i + x_j
+        if edge_attr is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            if self.lin_edge is None:
+                raise ValueError("edge_attr was given but the layer was built without edge_dim")
+            x = x + self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+        x = F.leaky_relu(x, self.negative_slope)
+        alpha = (x * self.att).sum(dim=-1)
+        alpha = softmax(alpha, index, ptr, dim_size)
+        return F.dropout(alpha, p=self.dropout, training=self.training)
+
+    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
+        """PyG's message: the source's features weighted by the edge's attention."""
+        return x_j * alpha.unsqueeze(-1)
+
+    @torch.jit.unused
+    def _fused_forward(self, x_l, x_r, res, edge_index, edge_attr, return_attention_weights):
+        num_src, num_dst = x_l.shape[0], x_r.shape[0]
+        edge_index, edge_attr = self._loops(edge_index, edge_attr, min(num_src, num_dst))
+        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        if edge_attr is None and adj.edge_attr is not None and adj.edge_attr.dim() > 1:
+            edge_attr = adj.edge_attr  # a sparse adjacency's values, as PyG's propagate takes them
+        edge_feat = None
+        if edge_attr is not None:
+            if self.lin_edge is None:
+                raise ValueError("edge_attr was given but the layer was built without edge_dim")
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+        want_alpha = bool(return_attention_weights)
+        att = self.att.view(self.heads, self.out_channels)
+        out, weights = self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat},
+                                    want_alpha)
+        out = self._finish(out, res)
+        return (out, weights) if want_alpha else out
