@@ -14,7 +14,7 @@ from torch.nn import Parameter
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
                    remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
-from .attention import draw_seed, dropout_keep
+from .attention import dropout_keep, next_dropout_state
 from .gat import gat_attention, gatv2_attention
 
 if typing.TYPE_CHECKING:
@@ -103,14 +103,14 @@ class _GATBase(MessagePassing):
         return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
 
     @torch.jit.unused
-    def _weights(self, edge_index, alpha, seed, num_edges):
+    def _weights(self, edge_index, alpha, rng_state, num_edges):
         """PyG's ``return_attention_weights`` value for ``alpha`` ``[E, H]``: the weights after
-        dropout in training (dropout applies the mask of ``seed``), as PyG's layers return them."""
-        if seed is not None:
+        dropout in training (dropout applies the mask of ``rng_state``), as PyG's layers return them."""
+        if rng_state is not None:
             if self.dropout >= 1:
                 alpha = torch.zeros_like(alpha)
             else:
-                keep = dropout_keep(seed, num_edges, self.heads, self.dropout, alpha.device)
+                keep = dropout_keep(rng_state, num_edges, self.heads, self.dropout, alpha.device)
                 alpha = alpha * keep / (1 - self.dropout)
         if self.add_self_loops and type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
             edge_index = edge_index.clone()  # the looped graph is remembered for the next call: not handed out
@@ -120,21 +120,17 @@ class _GATBase(MessagePassing):
     def _attend(self, op, args, adj, edge_index, kwargs, want_alpha):
         """Runs the fused ``op`` on ``args`` and the adjacency; returns ``(out, weights or None)``.
 
-        Where the weights are wanted in training with dropout, the seed the op draws is drawn
-        again from a copy of the default generator's state, for PyG's dropped weights."""
+        Where the weights are wanted in training with dropout, the dropout state the op is about to
+        draw is read first (nothing drawn), for PyG's dropped weights."""
         dropout_p = self.dropout if self.training else 0.0
-        state = torch.get_rng_state() if want_alpha and dropout_p > 0 else None
+        device = args[0].device
+        rng_state = next_dropout_state(device) if want_alpha and dropout_p > 0 else None
         out = op(*args, adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
                  dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, **kwargs)
         if not want_alpha:
             return out, None
         out, alpha = out
-        seed = None
-        if state is not None:
-            generator = torch.Generator()
-            generator.set_state(state)
-            seed = draw_seed(generator)
-        return out, self._weights(edge_index, alpha, seed, adj.src.shape[0])
+        return out, self._weights(edge_index, alpha, rng_state, adj.src.shape[0])
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -11,7 +11,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot.attention import draw_seed, dropout_keep
+from edgedot.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pytest.importorskip("torch_geometric")
@@ -299,7 +299,7 @@ def test_dropout_train_and_eval(kind, monkeypatch):
     train = _run(ours, x, edge_index, edge_attr)
     num_edges = train[1].shape[1]  # with the self-loops
     torch.manual_seed(123)
-    keep = dropout_keep(draw_seed(), num_edges, 2, p)
+    keep = dropout_keep(next_dropout_state("cpu"), num_edges, 2, p)
     monkeypatch.setattr(PYG_MODULES[kind], "F", _dropout_as_mask(keep))
     _assert_same(train, _run(theirs, x, edge_index, edge_attr))
     assert (train[2] == 0).any()  # the returned weights are after dropout, as PyG's
