@@ -24,6 +24,7 @@ SOURCES = [
     "csrc/attention_forward.cu",
     "csrc/attention_backward.cu",
     "csrc/attention_merge.cu",
+    "csrc/gat_forward.cu",
     "kernelbench/csrc/kernelbench.cpp",
     "kernelbench/csrc/index_cast.cu",
 ]

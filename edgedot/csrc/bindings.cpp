@@ -517,10 +517,10 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
 // The chunk schedule of a grouping's long rows (RowChunks), its tensors appended to `keep` (alive
 // until the kernels are queued; the caching allocator orders their reuse on the stream). None when
 // no row can be long.
-RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, const AttentionInputs& in, ScalarKind scalar,
-                           std::vector<at::Tensor>& keep) {
-  const int64_t chunk = attention_chunk_edges(in.num_edges, in.heads, in.dim, in.dim_v, scalar);
-  if (in.num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0};
+RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads, int64_t dim,
+                           int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep) {
+  const int64_t chunk = attention_chunk_edges(num_edges, heads, dim, dim_v, scalar);
+  if (num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0};
   const auto options = offsets.options();
   at::Tensor first_chunk = at::empty({num_rows + 1}, options.dtype(at::kLong));
   at::Tensor long_rows = at::empty({num_rows + 1}, options.dtype(at::kInt));  // the last entry: their count
@@ -528,21 +528,31 @@ RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, const At
   at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
   int32_t* rows = long_rows.data_ptr<int32_t>();
   const cudaError_t status =
-      launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, in.num_edges, chunk,
+      launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
                                 first_chunk.data_ptr<int64_t>(), rows, rows + num_rows, temp.data_ptr(), temp_bytes,
                                 c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
   keep.insert(keep.end(), {first_chunk, long_rows, temp});
   return RowChunks{chunk, first_chunk.data_ptr<int64_t>(), rows, rows + num_rows,
-                   attention_max_slots(in.num_edges, chunk)};
+                   attention_max_slots(num_edges, chunk)};
 }
 
 // An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).
-void* attention_partials(const RowChunks& c, const AttentionInputs& in, int64_t dim, const at::Tensor& q,
+void* attention_partials(const RowChunks& c, int64_t heads, int64_t dim, const at::Tensor& q,
                          std::vector<at::Tensor>& keep) {
   if (c.max_slots == 0) return nullptr;
-  keep.push_back(at::empty({c.max_slots, in.heads, dim}, q.options().dtype(attention_accum(q.scalar_type()))));
+  keep.push_back(at::empty({c.max_slots, heads, dim}, q.options().dtype(attention_accum(q.scalar_type()))));
   return keep.back().data_ptr();
+}
+
+// The dropout of graph attention and GAT: the hash's threshold and the kept terms' scale.
+AttentionDropout attention_dropout(double dropout_p, int64_t seed) {
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
+  // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
+  const double scaled = std::floor(dropout_p * 4294967296.0);
+  const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
+  const double keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
+  return AttentionDropout{static_cast<uint64_t>(seed), threshold, keep_scale};
 }
 
 // q, k, v (and edge_feat) with unit stride on the last dim, checked against each other.
@@ -576,13 +586,8 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
     edge_feat = unit_stride_last(*edge_feat);
     ef = attention_rows(*edge_feat);
   }
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
-  // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
-  const double scaled = std::floor(dropout_p * 4294967296.0);
-  const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
-  const double keep_scale = dropout_p < 1.0 ? 1.0 / (1.0 - dropout_p) : 0.0;
   return AttentionInputs{attention_rows(q), attention_rows(k), attention_rows(v), ef, num_edges, heads, dim, dim_v,
-                         scale, AttentionDropout{static_cast<uint64_t>(seed), threshold, keep_scale}};
+                         scale, attention_dropout(dropout_p, seed)};
 }
 
 }  // namespace
@@ -607,7 +612,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, a
   AttentionForwardArgs args{};
   args.in = in;
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in, scalar, keep);
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
   // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
   at::Tensor out = at::empty({num_dst, in.heads, in.dim_v}, q.options());
   at::Tensor lse = at::empty({num_dst, in.heads}, q.options().dtype(attention_accum(q.scalar_type())));
@@ -617,8 +622,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(at::Tensor q, a
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
-  args.part_acc = attention_partials(args.dst_chunks, in, in.dim_v, q, keep);
-  args.part_ml = attention_partials(args.dst_chunks, in, 2, q, keep);
+  args.part_acc = attention_partials(args.dst_chunks, in.heads, in.dim_v, q, keep);
+  args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, q, keep);
   launch_attention_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, lse, alpha};
@@ -655,10 +660,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   args.out = attention_rows(out);
   args.lse = lse.data_ptr();
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in, scalar, keep);
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
   if (kv_grad) {
     args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, num_edges, num_src, q, "src");
-    args.src_chunks = attention_chunks(*src_offsets, num_src, in, scalar, keep);
+    args.src_chunks = attention_chunks(*src_offsets, num_src, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
   }
   // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
@@ -673,9 +678,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   args.dk = dk.data_ptr();
   args.dv = dv.data_ptr();
   args.d_edge_feat = edge_feat_grad ? d_edge_feat.data_ptr() : nullptr;
-  args.part_dq = attention_partials(args.dst_chunks, in, in.dim, q, keep);
-  args.part_dk = attention_partials(args.src_chunks, in, in.dim, q, keep);
-  args.part_dv = attention_partials(args.src_chunks, in, in.dim_v, q, keep);
+  args.part_dq = attention_partials(args.dst_chunks, in.heads, in.dim, q, keep);
+  args.part_dk = attention_partials(args.src_chunks, in.heads, in.dim, q, keep);
+  args.part_dv = attention_partials(args.src_chunks, in.heads, in.dim_v, q, keep);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_attention_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -684,6 +689,145 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {dq, dk, dv, d_edge_feat};
+}
+
+}  // namespace edgedot
+
+namespace edgedot {
+namespace {
+
+// Fused GAT and GATv2 attention (csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
+// csrc/gat_backward_src.cu) on graph attention's groupings, chunk schedules and dropout. Shapes and
+// dtypes were validated in Python (edgedot/_gat_ops.py); these checks keep the kernels inside their
+// tensors whatever they are given.
+
+void check_gat_tensor(const at::Tensor& t, const char* name, const at::Tensor& x, std::initializer_list<int64_t> shape) {
+  TORCH_CHECK_VALUE(t.scalar_type() == x.scalar_type(), "edgedot: ", name, " must have the dtype of the features (",
+                    x.scalar_type(), "), got ", t.scalar_type());
+  check_attention_tensor(t, name, x, shape);
+}
+
+// Per-node scalars [rows, heads], any strides: Rows of dim 1.
+Rows gat_scalars(const at::Tensor& t) { return Rows{t.data_ptr(), t.size(0), t.stride(0), t.stride(1)}; }
+
+const Rows kNoRows{nullptr, 0, 0, 0};
+
+// What GAT and GATv2 share: x [num_src, heads, dim] (made unit stride on dim), sizes, dropout.
+GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t num_edges, double negative_slope,
+                     double dropout_p, int64_t seed) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
+                       x.scalar_type() == at::kBFloat16,
+                   "edgedot: ", name, " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 3, "edgedot: ", name, " must be a 3-D CUDA tensor [rows, heads, dim]");
+  const int64_t dim = x.size(2);
+  TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim, "edgedot: GAT attention on CUDA takes head dims of 1 to ",
+                    kAttentionMaxDim, ", got ", dim);
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(num_edges < kMax32 && x.size(0) <= kMax32 && num_dst <= kMax32,
+                    "edgedot: GAT attention takes fewer than 2**31 edges and at most 2**31 - 1 rows a side");
+  x = unit_stride_last(x);
+  GatInputs in{};
+  in.x = attention_rows(x);
+  in.a_src = in.a_dst = in.a_edge = in.x_dst = in.att = in.edge_feat = kNoRows;
+  in.num_dst = num_dst;
+  in.num_edges = num_edges;
+  in.heads = x.size(1);
+  in.dim = dim;
+  in.negative_slope = negative_slope;
+  in.dropout = attention_dropout(dropout_p, seed);
+  return in;
+}
+
+GatInputs gat_inputs(at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a_dst,
+                     const c10::optional<at::Tensor>& a_edge, int64_t num_edges, double negative_slope,
+                     double dropout_p, int64_t seed) {
+  TORCH_CHECK_VALUE(a_dst.dim() == 2, "edgedot: a_dst must be 2-D [num_dst, heads], got shape ", a_dst.sizes());
+  GatInputs in = gat_common(x, "x", a_dst.size(0), num_edges, negative_slope, dropout_p, seed);
+  check_gat_tensor(a_src, "a_src", x, {x.size(0), in.heads});
+  check_gat_tensor(a_dst, "a_dst", x, {in.num_dst, in.heads});
+  in.v2 = false;
+  in.a_src = gat_scalars(a_src);
+  in.a_dst = gat_scalars(a_dst);
+  if (a_edge.has_value()) {
+    check_gat_tensor(*a_edge, "a_edge", x, {num_edges, in.heads});
+    in.a_edge = gat_scalars(*a_edge);
+  }
+  return in;
+}
+
+// x_src, x_dst, att and edge_feat made unit stride on dim.
+GatInputs gatv2_inputs(at::Tensor& x_src, at::Tensor& x_dst, at::Tensor& att, c10::optional<at::Tensor>& edge_feat,
+                       int64_t num_edges, double negative_slope, double dropout_p, int64_t seed) {
+  TORCH_CHECK_VALUE(x_dst.dim() == 3, "edgedot: x_dst must be 3-D [num_dst, heads, dim], got shape ", x_dst.sizes());
+  GatInputs in = gat_common(x_src, "x_src", x_dst.size(0), num_edges, negative_slope, dropout_p, seed);
+  check_gat_tensor(x_dst, "x_dst", x_src, {in.num_dst, in.heads, in.dim});
+  check_gat_tensor(att, "att", x_src, {in.heads, in.dim});
+  in.v2 = true;
+  x_dst = unit_stride_last(x_dst);
+  att = unit_stride_last(att);
+  in.x_dst = attention_rows(x_dst);
+  in.att = Rows{att.data_ptr(), 1, 0, att.stride(0)};
+  if (edge_feat.has_value()) {
+    check_gat_tensor(*edge_feat, "edge_feat", x_src, {num_edges, in.heads, in.dim});
+    edge_feat = unit_stride_last(*edge_feat);
+    in.edge_feat = attention_rows(*edge_feat);
+  }
+  return in;
+}
+
+// (out, lse, alpha) of either model; x the values' tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_run(const GatInputs& in, const at::Tensor& x,
+                                                               const at::Tensor& src_idx, const at::Tensor& dst_idx,
+                                                               const c10::optional<at::Tensor>& dst_group,
+                                                               const at::Tensor& dst_offsets, bool return_attention) {
+  const ScalarKind scalar = scalar_kind(x.scalar_type());
+  std::vector<at::Tensor> keep;
+  GatForwardArgs args{};
+  args.in = in;
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, in.num_edges, in.num_dst, x, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, in.num_dst, in.num_edges, in.heads, in.dim, in.dim, scalar, keep);
+  // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
+  at::Tensor out = at::empty({in.num_dst, in.heads, in.dim}, x.options());
+  at::Tensor lse = at::empty({in.num_dst, in.heads}, x.options().dtype(attention_accum(x.scalar_type())));
+  const std::vector<int64_t> alpha_shape = return_attention ? std::vector<int64_t>{in.num_edges, in.heads}
+                                                            : std::vector<int64_t>{0};
+  at::Tensor alpha = at::empty(alpha_shape, x.options());
+  args.out = out.data_ptr();
+  args.lse = lse.data_ptr();
+  args.alpha = return_attention ? alpha.data_ptr() : nullptr;
+  args.part_acc = attention_partials(args.dst_chunks, in.heads, in.dim, x, keep);
+  args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, x, keep);
+  launch_gat_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse, alpha};
+}
+
+}  // namespace
+
+// Fused GAT forward (PyG GATConv's attention) over the dst grouping, which is given as for
+// attention_forward: (out [Nd, H, C] in x's dtype, lse [Nd, H] in the accumulation dtype, alpha
+// [E, H] before dropout in x's dtype, or an empty [0] tensor without return_attention).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(at::Tensor x, at::Tensor a_src, at::Tensor a_dst,
+                                                           c10::optional<at::Tensor> a_edge, at::Tensor src_idx,
+                                                           at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+                                                           at::Tensor dst_offsets, double negative_slope,
+                                                           double dropout_p, int64_t seed, bool return_attention) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p, seed);
+  return gat_forward_run(in, x, src_idx, dst_idx, dst_group, dst_offsets, return_attention);
+}
+
+// Fused GATv2 forward (PyG GATv2Conv's attention): the same outputs, the values x_src.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gatv2_forward(at::Tensor x_src, at::Tensor x_dst, at::Tensor att,
+                                                             c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+                                                             at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+                                                             at::Tensor dst_offsets, double negative_slope,
+                                                             double dropout_p, int64_t seed, bool return_attention) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(x_src.device());
+  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p, seed);
+  return gat_forward_run(in, x_src, src_idx, dst_idx, dst_group, dst_offsets, return_attention);
 }
 
 }  // namespace edgedot
@@ -700,4 +844,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused graph attention over the dst grouping: (out, lse, alpha) (CUDA)");
   m.def("attention_backward", &edgedot::attention_backward,
         "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
+  m.def("gat_forward", &edgedot::gat_forward, "fused GAT attention over the dst grouping: (out, lse, alpha) (CUDA)");
+  m.def("gatv2_forward", &edgedot::gatv2_forward,
+        "fused GATv2 attention over the dst grouping: (out, lse, alpha) (CUDA)");
 }
