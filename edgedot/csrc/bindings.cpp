@@ -802,6 +802,72 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_run(const GatInputs& 
   return {out, lse, alpha};
 }
 
+// Gradients of either model by recomputation from lse: (dx, da_src, dst_grad, datt, edge_grad),
+// GAT's da_src and dst_grad [rows, heads] and edge_grad [E, H], GATv2's dst_grad (dx_dst) [Nd, H, C],
+// datt [H, C] and edge_grad [E, H, C]; what a model lacks, what is not wanted (edge_grad without
+// edge_grad_wanted, dx and da_src without src_grad), are empty [0] tensors. The dst pass writes
+// delta and the dst and edge gradients, the src pass (src_grad only) dx and da_src.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward_run(
+    const GatInputs& in, const at::Tensor& x, at::Tensor grad_out, at::Tensor out, at::Tensor lse,
+    const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_group,
+    const at::Tensor& dst_offsets, const c10::optional<at::Tensor>& src_group,
+    const c10::optional<at::Tensor>& src_offsets, bool edge_grad_wanted, bool src_grad) {
+  TORCH_CHECK_VALUE(!src_grad || (src_group.has_value() && src_offsets.has_value()),
+                    "edgedot: src_grad needs src_group and src_offsets");
+  const int64_t num_dst = in.num_dst, num_src = in.x.num_rows, heads = in.heads, dim = in.dim;
+  const at::ScalarType accum = attention_accum(x.scalar_type());
+  const ScalarKind scalar = scalar_kind(x.scalar_type());
+  check_attention_tensor(grad_out, "grad_out", x, {num_dst, heads, dim});
+  check_attention_tensor(out, "out", x, {num_dst, heads, dim});
+  check_attention_tensor(lse, "lse", x, {num_dst, heads});
+  grad_out = grad_out.to(x.scalar_type()).contiguous();
+  out = unit_stride_last(out.to(x.scalar_type()));
+  lse = lse.to(accum).contiguous();
+  std::vector<at::Tensor> keep;
+  GatBackwardArgs args{};
+  args.in = in;
+  args.grad_out = attention_rows(grad_out);
+  args.out = attention_rows(out);
+  args.lse = lse.data_ptr();
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, in.num_edges, num_dst, x, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in.num_edges, heads, dim, dim, scalar, keep);
+  if (src_grad) {
+    args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, in.num_edges, num_src, x, "src");
+    args.src_chunks = attention_chunks(*src_offsets, num_src, in.num_edges, heads, dim, dim, scalar, keep);
+  }
+  const auto options = x.options();
+  const at::Tensor none = at::empty({0}, options);
+  // No memsets: every row is written by one team or merge (rows without edges as zeros).
+  at::Tensor delta = at::empty({num_dst, heads}, options.dtype(accum));
+  at::Tensor dst_grad = in.v2 ? at::empty({num_dst, heads, dim}, options) : at::empty({num_dst, heads}, options);
+  at::Tensor datt_rows = in.v2 ? at::empty({num_dst, heads, dim}, options.dtype(accum)) : none;
+  at::Tensor edge_grad = !edge_grad_wanted ? none
+                         : in.v2           ? at::empty({in.num_edges, heads, dim}, options)
+                                           : at::empty({in.num_edges, heads}, options);
+  at::Tensor dx = src_grad ? at::empty({num_src, heads, dim}, options) : none;
+  at::Tensor da_src = src_grad && !in.v2 ? at::empty({num_src, heads}, options) : none;
+  args.delta = delta.data_ptr();
+  args.dst_grad = dst_grad.data_ptr();
+  args.datt_rows = in.v2 ? datt_rows.data_ptr() : nullptr;
+  args.edge_grad = edge_grad_wanted ? edge_grad.data_ptr() : nullptr;
+  args.dx = src_grad ? dx.data_ptr() : nullptr;
+  args.da_src = src_grad && !in.v2 ? da_src.data_ptr() : nullptr;
+  args.part_dst_grad = attention_partials(args.dst_chunks, heads, in.v2 ? dim : 1, x, keep);
+  args.part_datt = in.v2 ? attention_partials(args.dst_chunks, heads, dim, x, keep) : nullptr;
+  args.part_dx = attention_partials(args.src_chunks, heads, dim, x, keep);
+  args.part_da_src = in.v2 ? nullptr : attention_partials(args.src_chunks, heads, 1, x, keep);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  launch_gat_backward_dst(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (src_grad) {
+    launch_gat_backward_src(args, scalar, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // datt: the destinations' shares summed in a fixed order (a reduction, never atomics).
+  at::Tensor datt = in.v2 ? datt_rows.sum(0).to(x.scalar_type()) : none;
+  return {dx, da_src, dst_grad, datt, edge_grad};
+}
+
 }  // namespace
 
 // Fused GAT forward (PyG GATConv's attention) over the dst grouping, which is given as for
@@ -830,6 +896,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gatv2_forward(at::Tensor x_src, a
   return gat_forward_run(in, x_src, src_idx, dst_idx, dst_group, dst_offsets, return_attention);
 }
 
+// Its gradients by recomputation from lse: (dx, da_src, da_dst, da_edge) in x's dtype; da_edge is
+// an empty [0] tensor without a_edge_grad, dx and da_src without src_grad (then src_group and
+// src_offsets are not read).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
+    at::Tensor grad_out, at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double negative_slope, double dropout_p, int64_t seed, bool a_edge_grad, bool src_grad) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p, seed);
+  TORCH_CHECK_VALUE(!a_edge_grad || a_edge.has_value(), "edgedot: a_edge_grad needs a_edge");
+  const auto grads = gat_backward_run(in, x, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                                      src_offsets, a_edge_grad, src_grad);
+  return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
+}
+
+// GATv2's gradients: (dx_src, dx_dst, datt, d_edge_feat) in x_src's dtype; d_edge_feat is an empty
+// [0] tensor without edge_feat_grad, dx_src without src_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
+    at::Tensor grad_out, at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double negative_slope, double dropout_p, int64_t seed, bool edge_feat_grad, bool src_grad) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(x_src.device());
+  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p, seed);
+  TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
+  const auto grads = gat_backward_run(in, x_src, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                                      src_group, src_offsets, edge_feat_grad, src_grad);
+  return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads), std::get<4>(grads)};
+}
+
 }  // namespace edgedot
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -847,4 +946,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_forward", &edgedot::gat_forward, "fused GAT attention over the dst grouping: (out, lse, alpha) (CUDA)");
   m.def("gatv2_forward", &edgedot::gatv2_forward,
         "fused GATv2 attention over the dst grouping: (out, lse, alpha) (CUDA)");
+  m.def("gat_backward", &edgedot::gat_backward,
+        "gradients of fused GAT attention by recomputation: (dx, da_src, da_dst, da_edge) (CUDA)");
+  m.def("gatv2_backward", &edgedot::gatv2_backward,
+        "gradients of fused GATv2 attention by recomputation: (dx_src, dx_dst, datt, d_edge_feat) (CUDA)");
 }

@@ -132,6 +132,15 @@ inline bool gat_vectorizable(const GatInputs& in, std::initializer_list<std::pai
   return true;
 }
 
+// The same for both passes of the backward, so that they take one team shape.
+template <typename T>
+inline bool gat_backward_vectorizable(const GatBackwardArgs& a) {
+  const GatInputs& in = a.in;
+  // GAT's dst_grad and edge_grad are scalars, written one at a time.
+  return gat_vectorizable<T>(in, {{&a.grad_out, in.dim}, {&a.out, in.dim}},
+                             {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_rows, in.v2 ? a.edge_grad : nullptr});
+}
+
 // Calls f(integral_constant VEC, integral_constant NV, bool_constant kV2, bool_constant kEdge, group)
 // for the inputs' model and team shape; every pass of one call's rows takes the same shape when
 // `vectorized` agrees.
