@@ -833,7 +833,8 @@ namespace edgedot {
 namespace {
 
 // Fused GAT and GATv2 attention (csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
-// csrc/gat_backward_src.cu) on graph attention's groupings, chunk schedules and dropout. Shapes and
+// csrc/gat_backward_src.cu) on graph attention's groupings, chunk schedules and dropout (drawn with
+// draw_dropout_rng, read back with recorded_dropout_rng, the mask graph attention's). Shapes and
 // dtypes were validated in Python (edgedot/_gat_ops.py); these checks keep the kernels inside their
 // tensors whatever they are given.
 
@@ -848,9 +849,10 @@ Rows gat_scalars(const at::Tensor& t) { return Rows{t.data_ptr(), t.size(0), t.s
 
 const Rows kNoRows{nullptr, 0, 0, 0};
 
-// What GAT and GATv2 share: x [num_src, heads, dim] (made unit stride on dim), sizes, dropout.
+// What GAT and GATv2 share: x [num_src, heads, dim] (made unit stride on dim), sizes, dropout
+// without its rng.
 GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t num_edges, double negative_slope,
-                     double dropout_p, int64_t seed) {
+                     double dropout_p) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
                        x.scalar_type() == at::kBFloat16,
                    "edgedot: ", name, " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
@@ -870,15 +872,15 @@ GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t n
   in.heads = x.size(1);
   in.dim = dim;
   in.negative_slope = negative_slope;
-  in.dropout = attention_dropout(dropout_p, seed);
+  in.dropout = dropout_of(dropout_p);
   return in;
 }
 
 GatInputs gat_inputs(at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a_dst,
                      const c10::optional<at::Tensor>& a_edge, int64_t num_edges, double negative_slope,
-                     double dropout_p, int64_t seed) {
+                     double dropout_p) {
   TORCH_CHECK_VALUE(a_dst.dim() == 2, "edgedot: a_dst must be 2-D [num_dst, heads], got shape ", a_dst.sizes());
-  GatInputs in = gat_common(x, "x", a_dst.size(0), num_edges, negative_slope, dropout_p, seed);
+  GatInputs in = gat_common(x, "x", a_dst.size(0), num_edges, negative_slope, dropout_p);
   check_gat_tensor(a_src, "a_src", x, {x.size(0), in.heads});
   check_gat_tensor(a_dst, "a_dst", x, {in.num_dst, in.heads});
   in.v2 = false;
@@ -893,9 +895,9 @@ GatInputs gat_inputs(at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a
 
 // x_src, x_dst, att and edge_feat made unit stride on dim.
 GatInputs gatv2_inputs(at::Tensor& x_src, at::Tensor& x_dst, at::Tensor& att, c10::optional<at::Tensor>& edge_feat,
-                       int64_t num_edges, double negative_slope, double dropout_p, int64_t seed) {
+                       int64_t num_edges, double negative_slope, double dropout_p) {
   TORCH_CHECK_VALUE(x_dst.dim() == 3, "edgedot: x_dst must be 3-D [num_dst, heads, dim], got shape ", x_dst.sizes());
-  GatInputs in = gat_common(x_src, "x_src", x_dst.size(0), num_edges, negative_slope, dropout_p, seed);
+  GatInputs in = gat_common(x_src, "x_src", x_dst.size(0), num_edges, negative_slope, dropout_p);
   check_gat_tensor(x_dst, "x_dst", x_src, {in.num_dst, in.heads, in.dim});
   check_gat_tensor(att, "att", x_src, {in.heads, in.dim});
   in.v2 = true;
@@ -911,11 +913,13 @@ GatInputs gatv2_inputs(at::Tensor& x_src, at::Tensor& x_dst, at::Tensor& att, c1
   return in;
 }
 
-// (out, lse, alpha) of either model; x the values' tensor.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_run(const GatInputs& in, const at::Tensor& x,
-                                                               const at::Tensor& src_idx, const at::Tensor& dst_idx,
-                                                               const c10::optional<at::Tensor>& dst_group,
-                                                               const at::Tensor& dst_offsets, bool return_attention) {
+// (out, lse, alpha, rng_state) of either model; x the values' tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward_run(
+    GatInputs in, const at::Tensor& x, const at::Tensor& src_idx, const at::Tensor& dst_idx,
+    const c10::optional<at::Tensor>& dst_group, const at::Tensor& dst_offsets, double dropout_p,
+    const c10::optional<at::Generator>& generator, bool return_attention) {
+  at::Tensor rng_state = at::empty({0}, x.options().dtype(at::kLong));
+  if (dropout_p > 0.0) in.dropout.rng = draw_dropout_rng(generator, x, rng_state);
   const ScalarKind scalar = scalar_kind(x.scalar_type());
   std::vector<at::Tensor> keep;
   GatForwardArgs args{};
@@ -935,19 +939,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_run(const GatInputs& 
   args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, x, keep);
   launch_gat_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {out, lse, alpha};
+  return {out, lse, alpha, rng_state};
 }
 
 // Gradients of either model by recomputation from lse: (dx, da_src, dst_grad, datt, edge_grad),
 // GAT's da_src and dst_grad [rows, heads] and edge_grad [E, H], GATv2's dst_grad (dx_dst) [Nd, H, C],
 // datt [H, C] and edge_grad [E, H, C]; what a model lacks, what is not wanted (edge_grad without
 // edge_grad_wanted, dx and da_src without src_grad), are empty [0] tensors. The dst pass writes
-// delta and the dst and edge gradients, the src pass (src_grad only) dx and da_src.
+// delta and the dst and edge gradients, the src pass (src_grad only) dx and da_src. With dropout,
+// rng_state is the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward_run(
-    const GatInputs& in, const at::Tensor& x, at::Tensor grad_out, at::Tensor out, at::Tensor lse,
+    GatInputs in, const at::Tensor& x, at::Tensor grad_out, at::Tensor out, at::Tensor lse,
     const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_group,
     const at::Tensor& dst_offsets, const c10::optional<at::Tensor>& src_group,
-    const c10::optional<at::Tensor>& src_offsets, bool edge_grad_wanted, bool src_grad) {
+    const c10::optional<at::Tensor>& src_offsets, double dropout_p, const c10::optional<at::Tensor>& rng_state,
+    bool edge_grad_wanted, bool src_grad) {
+  if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, x);
   TORCH_CHECK_VALUE(!src_grad || (src_group.has_value() && src_offsets.has_value()),
                     "edgedot: src_grad needs src_group and src_offsets");
   const int64_t num_dst = in.num_dst, num_src = in.x.num_rows, heads = in.heads, dim = in.dim;
@@ -1008,60 +1015,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
 
 // Fused GAT forward (PyG GATConv's attention) over the dst grouping, which is given as for
 // attention_forward: (out [Nd, H, C] in x's dtype, lse [Nd, H] in the accumulation dtype, alpha
-// [E, H] before dropout in x's dtype, or an empty [0] tensor without return_attention).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(at::Tensor x, at::Tensor a_src, at::Tensor a_dst,
-                                                           c10::optional<at::Tensor> a_edge, at::Tensor src_idx,
-                                                           at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
-                                                           at::Tensor dst_offsets, double negative_slope,
-                                                           double dropout_p, int64_t seed, bool return_attention) {
+// [E, H] before dropout in x's dtype, or an empty [0] tensor without return_attention, rng_state:
+// the dropout (seed, offset) drawn from generator, int64 [2], or an empty [0] tensor without dropout).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward(
+    at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double negative_slope,
+    double dropout_p, c10::optional<at::Generator> generator, bool return_attention) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x.device());
-  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p, seed);
-  return gat_forward_run(in, x, src_idx, dst_idx, dst_group, dst_offsets, return_attention);
+  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p);
+  return gat_forward_run(in, x, src_idx, dst_idx, dst_group, dst_offsets, dropout_p, generator, return_attention);
 }
 
 // Fused GATv2 forward (PyG GATv2Conv's attention): the same outputs, the values x_src.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gatv2_forward(at::Tensor x_src, at::Tensor x_dst, at::Tensor att,
-                                                             c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
-                                                             at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
-                                                             at::Tensor dst_offsets, double negative_slope,
-                                                             double dropout_p, int64_t seed, bool return_attention) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_forward(
+    at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double negative_slope,
+    double dropout_p, c10::optional<at::Generator> generator, bool return_attention) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x_src.device());
-  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p, seed);
-  return gat_forward_run(in, x_src, src_idx, dst_idx, dst_group, dst_offsets, return_attention);
+  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p);
+  return gat_forward_run(in, x_src, src_idx, dst_idx, dst_group, dst_offsets, dropout_p, generator,
+                         return_attention);
 }
 
 // Its gradients by recomputation from lse: (dx, da_src, da_dst, da_edge) in x's dtype; da_edge is
 // an empty [0] tensor without a_edge_grad, dx and da_src without src_grad (then src_group and
-// src_offsets are not read).
+// src_offsets are not read). With dropout, rng_state is the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
     at::Tensor grad_out, at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
-    double negative_slope, double dropout_p, int64_t seed, bool a_edge_grad, bool src_grad) {
+    double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool a_edge_grad,
+    bool src_grad) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x.device());
-  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p, seed);
+  const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!a_edge_grad || a_edge.has_value(), "edgedot: a_edge_grad needs a_edge");
   const auto grads = gat_backward_run(in, x, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                                      src_offsets, a_edge_grad, src_grad);
+                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad);
   return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
 }
 
 // GATv2's gradients: (dx_src, dx_dst, datt, d_edge_feat) in x_src's dtype; d_edge_feat is an empty
-// [0] tensor without edge_feat_grad, dx_src without src_grad.
+// [0] tensor without edge_feat_grad, dx_src without src_grad. With dropout, rng_state is the forward's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     at::Tensor grad_out, at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
-    double negative_slope, double dropout_p, int64_t seed, bool edge_feat_grad, bool src_grad) {
+    double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad,
+    bool src_grad) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x_src.device());
-  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p, seed);
+  const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
   const auto grads = gat_backward_run(in, x_src, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                                      src_group, src_offsets, edge_feat_grad, src_grad);
+                                      src_group, src_offsets, dropout_p, rng_state, edge_feat_grad, src_grad);
   return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads), std::get<4>(grads)};
 }
 
@@ -1081,9 +1090,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("attention_backward", &edgedot::attention_backward,
         "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
-  m.def("gat_forward", &edgedot::gat_forward, "fused GAT attention over the dst grouping: (out, lse, alpha) (CUDA)");
+  m.def("gat_forward", &edgedot::gat_forward,
+        "fused GAT attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gatv2_forward", &edgedot::gatv2_forward,
-        "fused GATv2 attention over the dst grouping: (out, lse, alpha) (CUDA)");
+        "fused GATv2 attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gat_backward", &edgedot::gat_backward,
         "gradients of fused GAT attention by recomputation: (dx, da_src, da_dst, da_edge) (CUDA)");
   m.def("gatv2_backward", &edgedot::gatv2_backward,

@@ -215,7 +215,7 @@ struct DropoutRng {
 
 // Dropout without renormalisation: element c of a call is kept when the hash of its (seed, offset)
 // and c is at least threshold (floor(p * 2**32), 0 without dropout), and kept terms are scaled by
-// keep_scale (1 / (1 - p)). Graph attention hashes c = e * heads + h.
+// keep_scale (1 / (1 - p)). Graph attention and GAT hash c = e * heads + h.
 struct Dropout {
   DropoutRng rng;
   uint64_t threshold;
@@ -294,7 +294,7 @@ void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind
 
 // Fused GAT and GATv2 attention (csrc/gat.cuh, csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
 // csrc/gat_backward_src.cu), on the machinery of graph attention above (groupings, chunk
-// schedules, merges, the dropout hash). Per edge e from s to n and head h:
+// schedules, merges, dropout). Per edge e from s to n and head h:
 //   GAT:   score = leaky_relu((a_src[s, h] + a_dst[n, h]) + a_edge[e, h]);
 //   GATv2: score = sum over c of att[h, c] * leaky_relu((x[s, h, c] + x_dst[n, h, c]) + edge_feat[e, h, c]);
 // softmax over each destination's edges; out[n, h] = sum of alpha' * x[s, h]. No per-edge rows ever
@@ -310,7 +310,7 @@ struct GatInputs {
   Rows edge_feat;   // GATv2: [num_edges, heads, dim], data null when absent
   int64_t num_dst, num_edges, heads, dim;
   double negative_slope;
-  AttentionDropout dropout;
+  Dropout dropout;  // element e * heads + h, as graph attention's
 };
 
 struct GatForwardArgs {

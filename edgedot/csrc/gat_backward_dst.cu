@@ -56,6 +56,7 @@ gat_backward_dst_kernel(GatBackwardArgs a, int group) {
   A* delta_out = static_cast<A*>(a.delta);
   T* dst_grad = static_cast<T*>(a.dst_grad);
   T* edge_grad = static_cast<T*>(a.edge_grad);
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
@@ -105,7 +106,7 @@ gat_backward_dst_kernel(GatBackwardArgs a, int group) {
               continue;
             }
             const A dp = t.sum(lane_dot(dout, xr[j], xr[j], false, t, vecs));
-            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A w8 = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * w8 - delta);
             if constexpr (kV2) {
               gatv2_edge_grads(dxd, datt, ds, side.att, xr[j], side.xd, side.er[j], kEdge, slope, eg, t, vecs);

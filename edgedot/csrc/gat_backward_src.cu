@@ -8,6 +8,12 @@ namespace edgedot {
 
 namespace {
 
+// Edges in flight per team: float GAT with a_edge holds at most three (at four its 80 registers
+// spilled). The sums run in edge order whatever the batch, so the results are the same bits.
+template <typename T, int NV, bool kV2, bool kEdge>
+constexpr int kGatSrcBatch =
+    kEdge && !kV2 && std::is_same_v<T, float> ? std::min(3, kGatBatch<T, NV, kV2>) : kGatBatch<T, NV, kV2>;
+
 // Team per unit (s, h): x[s, h] (raw) and the gradient row in registers, each outgoing edge's
 // grad_out row (destination n), lse and delta of (n, h) in flight, with GAT's a_dst[n] and a_edge[e]
 // or GATv2's x_dst[n] and edge_feat[e] rows. Scores as the forward computes them (csrc/gat.cuh).
@@ -15,7 +21,7 @@ template <typename T, int VEC, int NV, bool kV2, bool kEdge>
 __global__ void __launch_bounds__(kBlockThreads, kGatBlocksPerSM<T, NV, kV2>)
 gat_backward_src_kernel(GatBackwardArgs a, int group) {
   using A = accum_t<T>;
-  constexpr int B = kGatBatch<T, NV, kV2>;
+  constexpr int B = kGatSrcBatch<T, NV, kV2, kEdge>;
   const GatInputs& in = a.in;
   const Team t(group);
   const int vecs = static_cast<int>(in.dim / VEC);
@@ -27,6 +33,7 @@ gat_backward_src_kernel(GatBackwardArgs a, int group) {
   const A* delta_in = static_cast<const A*>(a.delta);
   T* dx_out = static_cast<T*>(a.dx);
   T* da_src_out = static_cast<T*>(a.da_src);
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
@@ -79,7 +86,7 @@ gat_backward_src_kernel(GatBackwardArgs a, int group) {
             const A alpha = accurate_exp(score - lse[j]);
             if (alpha == A(0)) continue;  // a -inf score adds nothing
             const A dp = t.sum(lane_dot(gr[j], xs, xs, false, t, vecs));
-            const A w8 = keep_weight<A>(in.dropout, e[j].edge, h, heads);
+            const A w8 = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * w8 - delta[j]);
             const A gv = alpha * w8;
             if constexpr (!kV2) da_src += ds * leaky_relu_grad(z, slope);

@@ -73,6 +73,8 @@ gat_forward_kernel(GatForwardArgs a, int group, bool alpha_pass) {
     return;
   }
 
+  // This pass records the dropout (seed, offset) for the backward (the alpha pass draws no mask).
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     h = w.head;
@@ -101,7 +103,7 @@ gat_forward_kernel(GatForwardArgs a, int group, bool alpha_pass) {
         if (!(s[j] > -inf)) continue;  // NaN, -inf, or past the end
         const A p = accurate_exp(s[j] - m);
         l += p;
-        add_scaled(acc, p * keep_weight<A>(in.dropout, e[j].edge, h, heads), xr[j], xr[j], false, t, vecs);
+        add_scaled(acc, p * keep_weight<A>(in.dropout, key, e[j].edge, h, heads), xr[j], xr[j], false, t, vecs);
       }
     });
     const int64_t unit = int64_t{w.row} * heads + h;
@@ -131,9 +133,11 @@ gat_forward_kernel(GatForwardArgs a, int group, bool alpha_pass) {
 template <typename T, int VEC, int NV, bool kV2, bool kEdge>
 void launch(const GatForwardArgs& a, int group, bool alpha_pass, cudaStream_t stream) {
   auto kernel = gat_forward_kernel<T, VEC, NV, kV2, kEdge>;
-  const int64_t threads = (a.in.num_dst + a.dst_chunks.max_slots) * a.in.heads * group +
-                          (alpha_pass ? a.in.num_edges : 0);
-  if (threads == 0) return;
+  int64_t threads = (a.in.num_dst + a.dst_chunks.max_slots) * a.in.heads * group +
+                    (alpha_pass ? a.in.num_edges : 0);
+  // Without rows the main pass still runs a thread when it must record the dropout state.
+  if (threads == 0 && (alpha_pass || a.in.dropout.rng.record == nullptr)) return;
+  threads = std::max<int64_t>(threads, 1);
   kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group, alpha_pass);
 }
 
