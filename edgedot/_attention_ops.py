@@ -116,10 +116,6 @@ def _lse_dtype(dtype):
     return _cpu_attention.acc_dtype(dtype)
 
 
-def _seed(seed):
-    return 0 if seed is None else int(seed)
-
-
 def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
     # Offsets without a grouping are graph_attention's dst_ptr: checked with the ranges, in one
     # pass and at most one wait for the device.

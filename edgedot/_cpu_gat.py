@@ -50,30 +50,31 @@ def _scores_only(score):
     return lambda start, stop, src, dst: score(start, stop, src, dst)[0]
 
 
-def gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, seed, return_attention):
+def gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key, return_attention):
     """Returns ``(out [Nd, H, C] in x's dtype, lse [Nd, H] in the accumulation dtype, alpha [E, H]
-    in x's dtype or an empty ``[0]`` tensor)``."""
+    in x's dtype or an empty ``[0]`` tensor)``; ``key`` is the dropout mask's
+    (:func:`edgedot._dropout.key`)."""
     acc = acc_dtype(x.dtype)
     score = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)
     return softmax_forward(_scores_only(score), _values(x, acc), src_idx, dst_idx,
-                           (a_dst.shape[0], x.shape[1], x.shape[2]), x.shape[2], dropout_p, seed, return_attention,
+                           (a_dst.shape[0], x.shape[1], x.shape[2]), x.shape[2], dropout_p, key, return_attention,
                            x.dtype)
 
 
-def gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, seed,
+def gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, key,
                   return_attention):
     """Returns ``(out [Nd, H, C], lse [Nd, H], alpha [E, H] or empty)`` as :func:`gat_forward`."""
     acc = acc_dtype(x_src.dtype)
     score = _gatv2_score(x_src, x_dst, att, edge_feat, negative_slope, acc)
     return softmax_forward(_scores_only(score), _values(x_src, acc), src_idx, dst_idx, tuple(x_dst.shape),
-                           x_src.shape[2], dropout_p, seed, return_attention, x_src.dtype)
+                           x_src.shape[2], dropout_p, key, return_attention, x_src.dtype)
 
 
 def _empty(like):
     return like.new_empty((0,))
 
 
-def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope, dropout_p, seed,
+def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope, dropout_p, key,
                  a_edge_grad, src_grad):
     """Returns ``(dx, da_src, da_dst, da_edge)`` in x's dtype; ``dx`` and ``da_src`` are empty
     ``[0]`` tensors unless ``src_grad``, ``da_edge`` unless ``a_edge_grad``."""
@@ -85,7 +86,7 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
     da_edge = x.new_empty((src_idx.shape[0], heads) if a_edge_grad else (0,))
     score = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)
     for start, stop, src, dst, ds, _, kept, grads, z in softmax_grads(
-            grad_out, out, lse.to(acc), score, _values(x, acc), src_idx, dst_idx, dim, dropout_p, seed):
+            grad_out, out, lse.to(acc), score, _values(x, acc), src_idx, dst_idx, dim, dropout_p, key):
         dz = _slope_grad(ds, z, negative_slope)
         da_dst.index_add_(0, dst, dz)
         if src_grad:
@@ -99,7 +100,7 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
 
 
 def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, negative_slope, dropout_p,
-                   seed, edge_feat_grad, src_grad):
+                   key, edge_feat_grad, src_grad):
     """Returns ``(dx_src, dx_dst, datt, d_edge_feat)`` in the inputs' dtype; ``dx_src`` is an
     empty ``[0]`` tensor unless ``src_grad``, ``d_edge_feat`` unless ``edge_feat_grad``."""
     dtype = x_src.dtype
@@ -112,7 +113,7 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
     d_edge_feat = x_src.new_empty((src_idx.shape[0], heads, dim) if edge_feat_grad else (0,))
     score = _gatv2_score(x_src, x_dst, att, edge_feat, negative_slope, acc)
     for start, stop, src, dst, ds, dead, kept, grads, m in softmax_grads(
-            grad_out, out, lse.to(acc), score, _values(x_src, acc), src_idx, dst_idx, dim, dropout_p, seed):
+            grad_out, out, lse.to(acc), score, _values(x_src, acc), src_idx, dst_idx, dim, dropout_p, key):
         if dead.any():
             m = m.masked_fill(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
         dm = _slope_grad(ds[..., None] * att_acc, m, negative_slope)

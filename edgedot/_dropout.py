@@ -2,9 +2,10 @@
 
 A call with dropout draws a pair ``(seed, offset)`` and returns it as ``rng_state``, an int64
 ``[2]`` tensor on the inputs' device; its backward reads the pair from there, so forward and
-backward drop the same elements. Element ``c`` of a call (graph attention: ``e * heads + h``) is
-kept when a hash of ``(seed, offset, c)`` is at least ``floor(p * 2**32)``: the same function on
-CPU and CUDA (``csrc/dropout.cuh``), whatever order the elements are visited in.
+backward drop the same elements. Element ``c`` of a call (graph attention, GAT and GATv2:
+``e * heads + h``) is kept when a hash of ``(seed, offset, c)`` is at least ``floor(p * 2**32)``:
+the same function on CPU and CUDA (``csrc/dropout.cuh``), whatever order the elements are visited
+in.
 
 CUDA: the pair is the CUDA generator's Philox seed and offset, taken inside the extension as
 torch's own fused dropout takes it (each call moves the offset on by :data:`OFFSET_STEP`), with no

@@ -1,13 +1,14 @@
 """The GAT and GATv2 attention custom operators: schemas, per-device implementations, fake
 tensors, autograd (the pattern of ``_attention_ops``).
 
-``edgedot::gat_attention``              forward: ``(out, lse, alpha)``.
+``edgedot::gat_attention``              forward: ``(out, lse, alpha, rng_state)``.
 ``edgedot::gat_attention_backward``     ``(dx, da_src, da_dst, da_edge)`` by recomputation from ``lse``.
-``edgedot::gatv2_attention``            forward: ``(out, lse, alpha)``.
+``edgedot::gatv2_attention``            forward: ``(out, lse, alpha, rng_state)``.
 ``edgedot::gatv2_attention_backward``   ``(dx_src, dx_dst, datt, d_edge_feat)``.
 
-Groupings, offsets, the seed and ``lse``'s dtype mean what they mean for
-``edgedot::graph_attention``. ``src_grad`` False (no gradient wanted on the source-side
+Groupings, offsets, ``generator``, ``rng_state`` and ``lse``'s dtype mean what they mean for
+``edgedot::graph_attention``: dropout follows :mod:`edgedot._dropout`, with graph attention's
+mask (head ``h`` of edge ``e`` is element ``e * heads + h``). ``src_grad`` False (no gradient wanted on the source-side
 tensors) returns those outputs as empty ``[0]`` tensors, and the CUDA backward then skips its
 source-side pass and the grouping by source; ``a_edge_grad`` / ``edge_feat_grad`` False does the
 same for the edge tensor's gradient.
@@ -17,8 +18,8 @@ import math
 
 import torch
 
-from . import _cpu_gat
-from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _grouping, _lse_dtype, _seed
+from . import _cpu_gat, _dropout
+from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _grouping, _lse_dtype
 from ._attention_ops import _check_graph as _check_edges
 from ._build import cuda_module
 from ._checks import FEATURE_DTYPES, check_indices_pair
@@ -29,16 +30,19 @@ __all__ = ["gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op"
 
 _lib = torch.library.Library("edgedot", "FRAGMENT")
 _TAIL = ("Tensor src_idx, Tensor dst_idx, Tensor? dst_group, Tensor? dst_offsets, Tensor? src_group, "
-         "Tensor? src_offsets, float negative_slope, float dropout_p, Tensor? seed")
-_lib.define(f"gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, {_TAIL}, bool return_attention, "
-            f"bool check_indices) -> (Tensor out, Tensor lse, Tensor alpha)")
+         "Tensor? src_offsets, float negative_slope, float dropout_p")
+_FORWARD_TAIL = (f"{_TAIL}, Generator? generator, bool return_attention, bool check_indices) "
+                 f"-> (Tensor out, Tensor lse, Tensor alpha, Tensor rng_state)")
+# The forwards draw when they run: no compiler pass may merge two calls or recompute one.
+_SEEDED = (torch.Tag.nondeterministic_seeded,)
+_lib.define(f"gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, {_FORWARD_TAIL}", tags=_SEEDED)
 _lib.define(f"gat_attention_backward(Tensor grad_out, Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, "
-            f"Tensor out, Tensor lse, {_TAIL}, bool a_edge_grad, bool src_grad) "
+            f"Tensor out, Tensor lse, {_TAIL}, Tensor? rng_state, bool a_edge_grad, bool src_grad) "
             f"-> (Tensor dx, Tensor da_src, Tensor da_dst, Tensor da_edge)")
-_lib.define(f"gatv2_attention(Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_feat, {_TAIL}, "
-            f"bool return_attention, bool check_indices) -> (Tensor out, Tensor lse, Tensor alpha)")
+_lib.define(f"gatv2_attention(Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_feat, {_FORWARD_TAIL}",
+            tags=_SEEDED)
 _lib.define(f"gatv2_attention_backward(Tensor grad_out, Tensor x_src, Tensor x_dst, Tensor att, Tensor? edge_feat, "
-            f"Tensor out, Tensor lse, {_TAIL}, bool edge_feat_grad, bool src_grad) "
+            f"Tensor out, Tensor lse, {_TAIL}, Tensor? rng_state, bool edge_feat_grad, bool src_grad) "
             f"-> (Tensor dx_src, Tensor dx_dst, Tensor datt, Tensor d_edge_feat)")
 
 gat_attention_op = torch.ops.edgedot.gat_attention.default
@@ -134,29 +138,36 @@ def check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx):
                  dst_idx, x_src.shape[0], x_dst.shape[0], channels)
 
 
-def _check_floats(negative_slope, dropout_p):
+def _check_options(x, negative_slope, dropout_p, generator):
     if not math.isfinite(negative_slope):
         raise ValueError(f"negative_slope must be finite, got {negative_slope}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
+    _dropout.check_generator(generator, x.device)
 
 
-def _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p):
+def _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator=None):
     check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx)
-    _check_floats(negative_slope, dropout_p)
+    _check_options(x, negative_slope, dropout_p, generator)
 
 
-def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p):
+def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator=None):
     check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx)
-    _check_floats(negative_slope, dropout_p)
+    _check_options(x_src, negative_slope, dropout_p, generator)
 
 
-def _forward_fake(x, num_dst, num_edges, return_attention):
+def _draw_cpu(x, dropout_p, generator):
+    """A CPU forward's ``(rng_state, key)``."""
+    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(x)
+    return rng_state, _dropout.recorded_key(rng_state, dropout_p)
+
+
+def _forward_fake(x, num_dst, num_edges, dropout_p, return_attention):
     heads = x.shape[1]
     out = x.new_empty((num_dst, heads, x.shape[2]))
     lse = x.new_empty((num_dst, heads), dtype=_lse_dtype(x.dtype))
     alpha = x.new_empty((num_edges, heads) if return_attention else (0,))
-    return out, lse, alpha
+    return out, lse, alpha, _dropout.fake_state(x, dropout_p)
 
 
 # ------------------------------------------------------------------------------ GAT
@@ -164,42 +175,45 @@ def _forward_fake(x, num_dst, num_edges, return_attention):
 
 @torch.library.impl(_lib, "gat_attention", "CPU")
 def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                     negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+                     negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
-    return _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, _seed(seed),
-                                return_attention)
+    rng_state, key = _draw_cpu(x, dropout_p, generator)
+    out, lse, alpha = _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
+                                           return_attention)
+    return out, lse, alpha, rng_state
 
 
 @torch.library.impl(_lib, "gat_attention", "CUDA")
 def _gat_forward_cuda(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                      negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+                      negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     if check_indices:
         _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, a_dst.shape[0], x.shape[0])
+    # The extension draws the dropout state from the CUDA generator (no wait for the device).
     return cuda_module().gat_forward(x, a_src, a_dst, a_edge, src_idx.contiguous(), dst_idx.contiguous(), dst_group,
-                                     dst_offsets, negative_slope, dropout_p, _seed(seed), return_attention)
+                                     dst_offsets, negative_slope, dropout_p, generator, return_attention)
 
 
 @torch.library.register_fake("edgedot::gat_attention")
 def _gat_forward_fake(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-                      negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
-    return _forward_fake(x, a_dst.shape[0], src_idx.shape[0], return_attention)
+                      negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    return _forward_fake(x, a_dst.shape[0], src_idx.shape[0], dropout_p, return_attention)
 
 
 @torch.library.impl(_lib, "gat_attention_backward", "CPU")
 def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                      src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+                      src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     return _cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
-                                 dropout_p, _seed(seed), a_edge_grad, src_grad)
+                                 dropout_p, _dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
 
 
 @torch.library.impl(_lib, "gat_attention_backward", "CUDA")
 def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                       src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     num_dst, num_src = a_dst.shape[0], x.shape[0]
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
@@ -207,12 +221,12 @@ def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
         src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
     return cuda_module().gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx.contiguous(),
                                       dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                      negative_slope, dropout_p, _seed(seed), a_edge_grad, src_grad)
+                                      negative_slope, dropout_p, rng_state, a_edge_grad, src_grad)
 
 
 @torch.library.register_fake("edgedot::gat_attention_backward")
 def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                       src_group, src_offsets, negative_slope, dropout_p, seed, a_edge_grad, src_grad):
+                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     da_edge = x.new_empty((src_idx.shape[0], x.shape[1]) if a_edge_grad else (0,))
     dx, da_src = (x.new_empty(x.shape), x.new_empty(a_src.shape)) if src_grad else (x.new_empty(0), x.new_empty(0))
@@ -224,43 +238,45 @@ def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
 
 @torch.library.impl(_lib, "gatv2_attention", "CPU")
 def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                       src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+                       src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
-    return _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p,
-                                  _seed(seed), return_attention)
+    rng_state, key = _draw_cpu(x_src, dropout_p, generator)
+    out, lse, alpha = _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
+                                             dropout_p, key, return_attention)
+    return out, lse, alpha, rng_state
 
 
 @torch.library.impl(_lib, "gatv2_attention", "CUDA")
 def _gatv2_forward_cuda(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                        src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     if check_indices:
         _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, x_dst.shape[0], x_src.shape[0])
     return cuda_module().gatv2_forward(x_src, x_dst, att, edge_feat, src_idx.contiguous(), dst_idx.contiguous(),
-                                       dst_group, dst_offsets, negative_slope, dropout_p, _seed(seed),
-                                       return_attention)
+                                       dst_group, dst_offsets, negative_slope, dropout_p, generator, return_attention)
 
 
 @torch.library.register_fake("edgedot::gatv2_attention")
 def _gatv2_forward_fake(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                        src_offsets, negative_slope, dropout_p, seed, return_attention, check_indices):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
-    return _forward_fake(x_src, x_dst.shape[0], src_idx.shape[0], return_attention)
+                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
+    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    return _forward_fake(x_src, x_dst.shape[0], src_idx.shape[0], dropout_p, return_attention)
 
 
 @torch.library.impl(_lib, "gatv2_attention_backward", "CPU")
 def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                        src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+                        src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     return _cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
-                                   negative_slope, dropout_p, _seed(seed), edge_feat_grad, src_grad)
+                                   negative_slope, dropout_p, _dropout.recorded_key(rng_state, dropout_p),
+                                   edge_feat_grad, src_grad)
 
 
 @torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
 def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                         src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     num_dst, num_src = x_dst.shape[0], x_src.shape[0]
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
@@ -268,12 +284,12 @@ def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_i
         src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
     return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),
                                         dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                        negative_slope, dropout_p, _seed(seed), edge_feat_grad, src_grad)
+                                        negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
 
 
 @torch.library.register_fake("edgedot::gatv2_attention_backward")
 def _gatv2_backward_fake(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                         src_group, src_offsets, negative_slope, dropout_p, seed, edge_feat_grad, src_grad):
+                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     d_edge_feat = x_src.new_empty((src_idx.shape[0],) + tuple(x_src.shape[1:]) if edge_feat_grad else (0,))
     dx_src = x_src.new_empty(x_src.shape) if src_grad else x_src.new_empty(0)
@@ -289,27 +305,27 @@ _NUM_INPUTS = 15
 
 def _setup_context(ctx, inputs, output):
     (feat, a, b, edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-     negative_slope, dropout_p, seed, _, _) = inputs
-    out, lse, alpha = output
+     negative_slope, dropout_p, _, _, _) = inputs
+    out, lse, alpha, rng_state = output
     # alpha is returned for inspection: the backward has no term for it.
-    ctx.mark_non_differentiable(lse, alpha)
+    ctx.mark_non_differentiable(lse, alpha, rng_state)
     ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
     ctx.save_for_backward(feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                          src_offsets, seed)
+                          src_offsets, rng_state)
     ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
 
 
 def _make_backward(backward_op, source_inputs):
     """The autograd formula of a forward op whose inputs ``source_inputs`` (positions) are the
     source-side tensors."""
-    def backward(ctx, grad_out, grad_lse, grad_alpha):
+    def backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
         if grad_out is None:  # out's gradient is undefined: so are the inputs'
             return (None,) * _NUM_INPUTS
         (feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-         seed) = ctx.saved_tensors
+         rng_state) = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                            src_group, src_offsets, ctx.negative_slope, ctx.dropout_p, seed, bool(needs[3]),
+                            src_group, src_offsets, ctx.negative_slope, ctx.dropout_p, rng_state, bool(needs[3]),
                             any(needs[i] for i in source_inputs))
         return tuple(g if need else None for g, need in zip(grads, needs[:4])) + (None,) * (_NUM_INPUTS - 4)
     return backward

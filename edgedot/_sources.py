@@ -25,6 +25,9 @@ SOURCES = [
     "csrc/attention_backward.cu",
     "csrc/attention_merge.cu",
     "csrc/check_graph.cu",
+    "csrc/gat_forward.cu",
+    "csrc/gat_backward_dst.cu",
+    "csrc/gat_backward_src.cu",
     "kernelbench/csrc/kernelbench.cpp",
     "kernelbench/csrc/index_cast.cu",
 ]

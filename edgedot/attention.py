@@ -150,16 +150,18 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
 
 def next_dropout_state(device="cpu", generator=None):
     """The dropout state ``(seed, offset)``, an int64 ``[2]`` CPU tensor, that the next call of
-    :func:`graph_attention` with ``dropout_p > 0`` on ``device`` draws from ``generator``
-    (default: the device's default generator). Nothing is drawn: the generator stays as it is.
+    :func:`graph_attention`, :func:`edgedot.gat_attention` or :func:`edgedot.gatv2_attention`
+    with ``dropout_p > 0`` on ``device`` draws from ``generator`` (default: the device's default
+    generator). Nothing is drawn: the generator stays as it is.
     Pass the state to :func:`dropout_keep` for the call's mask. Before a CUDA graph's replay it
     tells the state of the graph's first call with dropout."""
     return _dropout.next_state(device, generator)
 
 
 def dropout_keep(rng_state, num_edges, heads, p, device=None):
-    """The dropout mask of a :func:`graph_attention` call that drew ``rng_state``: bool
-    ``[num_edges, heads]``, True where ``alpha`` is kept (then scaled by ``1 / (1 - p)``).
+    """The dropout mask of a :func:`graph_attention` (or :func:`edgedot.gat_attention`,
+    :func:`edgedot.gatv2_attention`) call that drew ``rng_state``: bool ``[num_edges, heads]``,
+    True where ``alpha`` is kept (then scaled by ``1 / (1 - p)``).
 
     ``rng_state`` is :func:`next_dropout_state`'s tensor (taken before the call), or the
     ``(seed, offset)`` pair as ints. The mask is a hash of the state and ``e * heads + h``,

@@ -6,7 +6,7 @@ import math
 import numbers
 
 from ._gat_ops import check_gat_inputs, check_gatv2_inputs, gat_attention_op, gatv2_attention_op
-from .attention import check_options, draw_seed, edge_groupings
+from .attention import check_options, edge_groupings
 
 __all__ = ["gat_attention", "gatv2_attention"]
 
@@ -31,12 +31,17 @@ def gat_attention(x, a_src, a_dst, src_idx, dst_idx, *, a_edge=None, negative_sl
             All float tensors share a dtype (float32, float64, float16 or bfloat16; half types
             accumulate in float32).
         negative_slope: the leaky ReLU's slope for negative arguments (finite; PyG's default 0.2).
-        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics); the mask is
-            :func:`edgedot.attention.dropout_keep` of a seed drawn from ``generator`` (the mask
-            of :func:`edgedot.graph_attention`), regenerated in the backward instead of stored.
-            Apply it only in training.
-        generator: the ``torch.Generator`` the dropout seed is drawn from (default: torch's
-            default generator). Leave it None in ``torch.compile``'d code.
+        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics), as in
+            :func:`edgedot.graph_attention`: each call draws a state ``(seed, offset)`` from
+            ``generator`` and the mask is a hash of the state, the edge and the head, regenerated
+            in the backward from the state the forward recorded instead of stored.
+            :func:`edgedot.attention.next_dropout_state` tells the state a call will draw,
+            :func:`edgedot.attention.dropout_keep` the mask of a state. On CUDA dropout adds no
+            wait for the device, and a call captured in a CUDA graph draws a new mask at each
+            replay. Apply it only in training.
+        generator: the ``torch.Generator`` dropout draws from, as in
+            :func:`edgedot.graph_attention`: one of the inputs' device (``ValueError``
+            otherwise), by default that device's default generator.
         plan: an :class:`edgedot.EdgePlan` of this graph (``EdgePlan(src_idx, dst_idx, Ns, Nd)``):
             the edges' groupings by destination and by source are then built once instead of in
             every call.
@@ -60,11 +65,10 @@ def gat_attention(x, a_src, a_dst, src_idx, dst_idx, *, a_edge=None, negative_sl
     """
     check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx)
     _check_slope(negative_slope)
-    check_options(dropout_p, generator, plan, check_indices, return_attention)
+    check_options(x.device, dropout_p, generator, plan, check_indices, return_attention)
     groups = edge_groupings(plan, dst_ptr, x, a_dst, src_idx, dst_idx, check_indices)
-    seed = draw_seed(generator) if dropout_p > 0 else None
-    out, _, alpha = gat_attention_op(x, a_src, a_dst, a_edge, src_idx, dst_idx, *groups, float(negative_slope),
-                                     float(dropout_p), seed, return_attention, check_indices)
+    out, _, alpha, _ = gat_attention_op(x, a_src, a_dst, a_edge, src_idx, dst_idx, *groups, float(negative_slope),
+                                        float(dropout_p), generator, return_attention, check_indices)
     return (out, alpha) if return_attention else out
 
 
@@ -92,12 +96,17 @@ def gatv2_attention(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=None, nega
             All float tensors share a dtype (float32, float64, float16 or bfloat16; half types
             accumulate in float32); features may be strided views.
         negative_slope: the leaky ReLU's slope for negative arguments (finite; PyG's default 0.2).
-        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics); the mask is
-            :func:`edgedot.attention.dropout_keep` of a seed drawn from ``generator`` (the mask
-            of :func:`edgedot.graph_attention`), regenerated in the backward instead of stored.
-            Apply it only in training.
-        generator: the ``torch.Generator`` the dropout seed is drawn from (default: torch's
-            default generator). Leave it None in ``torch.compile``'d code.
+        dropout_p: dropout on ``alpha`` without renormalisation (PyG's semantics), as in
+            :func:`edgedot.graph_attention`: each call draws a state ``(seed, offset)`` from
+            ``generator`` and the mask is a hash of the state, the edge and the head, regenerated
+            in the backward from the state the forward recorded instead of stored.
+            :func:`edgedot.attention.next_dropout_state` tells the state a call will draw,
+            :func:`edgedot.attention.dropout_keep` the mask of a state. On CUDA dropout adds no
+            wait for the device, and a call captured in a CUDA graph draws a new mask at each
+            replay. Apply it only in training.
+        generator: the ``torch.Generator`` dropout draws from, as in
+            :func:`edgedot.graph_attention`: one of the inputs' device (``ValueError``
+            otherwise), by default that device's default generator.
         plan: an :class:`edgedot.EdgePlan` of this graph (``EdgePlan(src_idx, dst_idx, Ns, Nd)``):
             the edges' groupings by destination and by source are then built once instead of in
             every call.
@@ -118,11 +127,11 @@ def gatv2_attention(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=None, nega
     """
     check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx)
     _check_slope(negative_slope)
-    check_options(dropout_p, generator, plan, check_indices, return_attention)
+    check_options(x_src.device, dropout_p, generator, plan, check_indices, return_attention)
     groups = edge_groupings(plan, dst_ptr, x_src, x_dst, src_idx, dst_idx, check_indices)
-    seed = draw_seed(generator) if dropout_p > 0 else None
-    out, _, alpha = gatv2_attention_op(x_src, x_dst, att, edge_feat, src_idx, dst_idx, *groups,
-                                       float(negative_slope), float(dropout_p), seed, return_attention, check_indices)
+    out, _, alpha, _ = gatv2_attention_op(x_src, x_dst, att, edge_feat, src_idx, dst_idx, *groups,
+                                          float(negative_slope), float(dropout_p), generator, return_attention,
+                                          check_indices)
     return (out, alpha) if return_attention else out
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _gat_ops
-from edgedot.attention import draw_seed, dropout_keep
+from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _dropout, _gat_ops
+from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -160,7 +160,7 @@ def test_no_edges(kind, device, index_dtype):
     out, alpha, grads = check(kind, feats, src, dst)
     assert torch.equal(out, torch.zeros_like(out)) and alpha.shape == (0, feats[0].shape[1])
     assert grads[3].shape == feats[3].shape
-    _, lse, _ = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.0, None, False, True)
+    _, lse, _, _ = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.0, None, False, True)
     assert (lse == -math.inf).all() and lse.dtype == torch.float32
 
 
@@ -180,7 +180,7 @@ def test_zero_in_degree_self_loops_duplicates(kind, device):
     torch.testing.assert_close(alpha[dst == 3], torch.ones_like(alpha[dst == 3]))
     torch.testing.assert_close(alpha[dst == 1], torch.full_like(alpha[dst == 1], 0.5))
     torch.testing.assert_close(out[1], feats[0][1])
-    _, lse, _ = kind.op(*feats[:3], None, src, dst, *(None,) * 4, 0.2, 0.0, None, False, True)
+    _, lse, _, _ = kind.op(*feats[:3], None, src, dst, *(None,) * 4, 0.2, 0.0, None, False, True)
     assert (lse[4] == -math.inf).all() and torch.isfinite(lse[:4]).all()
 
 
@@ -305,7 +305,7 @@ def test_non_finite_scores(kind, device, dtype):
         feats[1][2, :, 0] = math.nan
         feats[3][4, :, 2] = -math.inf
     feats = [t.to(dtype) for t in feats]
-    out, lse, alpha = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.0, None, True, True)
+    out, lse, alpha, _ = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.0, None, True, True)
     assert torch.isnan(out[[0, 2]]).all() and torch.isnan(lse[[0, 2]]).all()
     assert torch.isfinite(out[1]).all() and torch.isfinite(lse[1]).all()
     assert torch.equal(out[3], torch.zeros_like(out[3])) and (lse[3] == -math.inf).all()
@@ -348,11 +348,12 @@ def test_non_finite_scores(kind, device, dtype):
 @kinds
 def test_dropout_matches_reference_with_mask(kind, device, p, small_chunks):
     """The output and every gradient equal the reference's under the mask dropout_keep gives for
-    the seed drawn from the generator (graph_attention's mask): the backward regenerates it."""
+    the state next_dropout_state tells (graph_attention's mask): the backward regenerates it."""
     feats, src, dst = kind.make(device=device, edge=True)
-    seed = draw_seed(torch.Generator().manual_seed(21))
-    keep = dropout_keep(seed, src.shape[0], feats[0].shape[1], p, device)
-    out, _, _ = check(kind, feats, src, dst, dropout_p=p, generator=torch.Generator().manual_seed(21),
+    generator = torch.Generator(device).manual_seed(21)
+    state = next_dropout_state(device, generator)
+    keep = dropout_keep(state, src.shape[0], feats[0].shape[1], p, device)
+    out, _, _ = check(kind, feats, src, dst, dropout_p=p, generator=generator,
                       ref_kwargs={"keep": keep, "dropout_p": p})
     if p == 1.0:
         assert torch.equal(out, torch.zeros_like(out))
@@ -362,7 +363,7 @@ def test_dropout_matches_reference_with_mask(kind, device, p, small_chunks):
 @kinds
 def test_dropout_reproducible_from_generator(kind, device):
     feats, src, dst = kind.make(device=device)
-    runs = [kind.call(kind.fn, feats, src, dst, dropout_p=0.5, generator=torch.Generator().manual_seed(s))
+    runs = [kind.call(kind.fn, feats, src, dst, dropout_p=0.5, generator=torch.Generator(device).manual_seed(s))
             for s in (5, 5, 6)]
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
     torch.manual_seed(8)
@@ -371,9 +372,59 @@ def test_dropout_reproducible_from_generator(kind, device):
     b = kind.call(kind.fn, feats, src, dst, dropout_p=0.5)
     c = kind.call(kind.fn, feats, src, dst, dropout_p=0.5)  # the default generator moved on
     assert torch.equal(a, b) and not torch.equal(a, c)
-    state = torch.get_rng_state()  # dropout_p=0 draws nothing and equals the plain call
+    state = next_dropout_state(device)  # dropout_p=0 draws nothing and equals the plain call
     assert torch.equal(kind.call(kind.fn, feats, src, dst, dropout_p=0.0), kind.call(kind.fn, feats, src, dst))
-    assert torch.equal(state, torch.get_rng_state())
+    assert torch.equal(state, next_dropout_state(device))
+
+
+def _dropout_reference(kind, feats, src, dst, keep, p, grad_out):
+    """float64 reference output and gradients of the present float inputs under mask ``keep``."""
+    leaves = _leaves(feats, torch.float64)
+    out, _ = kind.call(kind.ref, leaves, src, dst, keep=keep, dropout_p=p)
+    return out, torch.autograd.grad(out, _present(leaves), grad_out.double())
+
+
+def _op_backward(kind, feats, src, dst, out, lse, p, rng_state, grad_out):
+    grads = kind.backward_op(grad_out, *feats, out, lse, src, dst, *(None,) * 4, 0.2, p, rng_state, True, True)
+    return [g for g, t in zip(grads, feats) if t is not None]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@kinds
+def test_op_state_drawn_and_read_back(kind, device):
+    """The forward op returns the rng_state it drew (what next_dropout_state said, on the inputs'
+    device); the backward takes its mask from that state, not from the generator, which has moved
+    on; another state gives other gradients; without dropout the state is empty."""
+    feats, src, dst = kind.make(device=device, edge=True, dtype=torch.float64)
+    p = 0.4
+    generator = torch.Generator(device).manual_seed(31)
+    state = next_dropout_state(device, generator)
+    out, lse, _, rng_state = kind.op(*feats, src, dst, *(None,) * 4, 0.2, p, generator, False, True)
+    assert rng_state.dtype == torch.int64 and rng_state.shape == (2,) and rng_state.device == out.device
+    assert torch.equal(rng_state.cpu(), state)
+    kind.op(*feats, src, dst, *(None,) * 4, 0.2, p, generator, False, True)  # the generator moves on
+    assert not torch.equal(next_dropout_state(device, generator), state)
+    keep = dropout_keep(rng_state, src.shape[0], feats[0].shape[1], p)
+    assert keep.device == out.device and 0 < keep.float().mean().item() < 1
+    grad_out = rand_feat(out.shape, torch.float64, device, gen(4))
+    out64, grads64 = _dropout_reference(kind, feats, src, dst, keep, p, grad_out)
+    assert rel_error(out, out64) <= 1e-12
+    for g, g64 in zip(_op_backward(kind, feats, src, dst, out, lse, p, rng_state, grad_out), grads64):
+        assert rel_error(g, g64) <= 1e-12
+    other = rng_state + torch.tensor([0, 4], device=rng_state.device)
+    assert not torch.equal(_op_backward(kind, feats, src, dst, out, lse, p, other, grad_out)[0], grads64[0])
+    *_, no_state = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.0, None, False, True)
+    assert no_state.dtype == torch.int64 and no_state.shape == (0,)
+
+
+@kinds
+def test_op_dropout_state_errors(kind):
+    """The ops are tagged random; the backward with dropout needs the forward's state."""
+    assert torch.Tag.nondeterministic_seeded in kind.op.tags
+    feats, src, dst = kind.make(edge=True)
+    out, lse, _, _ = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.5, None, False, True)
+    with pytest.raises(ValueError, match="rng_state"):
+        _op_backward(kind, feats, src, dst, out, lse, 0.5, None, torch.ones_like(out))
 
 
 # ------------------------------------------------------------------------------ dst_ptr and plans
@@ -401,7 +452,7 @@ def test_dst_ptr_and_plan_match_plain_call(kind, device, index_dtype, ptr_dtype)
     for kwargs in ({}, {"dst_ptr": ptr}, {"plan": plan}):
         leaves = _leaves(feats)
         out, alpha = kind.call(kind.fn, leaves, src, dst, dropout_p=0.2, return_attention=True,
-                               generator=torch.Generator().manual_seed(3), **kwargs)
+                               generator=torch.Generator(device).manual_seed(3), **kwargs)
         results.append((out, alpha) + torch.autograd.grad(out, leaves, grad_out))
     for other in results[1:]:
         for a, b in zip(results[0], other):
@@ -454,8 +505,8 @@ def _op_args(kind, device, dtype=torch.float32, edge=False, dropout_p=0.0, retur
         num_src, num_dst = feats[0].shape[0], (feats[2] if kind is GAT else feats[1]).shape[0]
         p = edgedot.EdgePlan(src, dst, num_src, num_dst)
         groups = (p.dst, p.offsets("dst"), p.src, p.offsets("src"))
-    seed = torch.tensor(1234) if dropout_p else None
-    return (*feats, src, dst, *groups, 0.2, dropout_p, seed, return_attention, True)
+    generator = torch.Generator(device).manual_seed(1234) if dropout_p else None
+    return (*feats, src, dst, *groups, 0.2, dropout_p, generator, return_attention, True)
 
 
 OP_CASES = [dict(), dict(edge=True, dropout_p=0.25, return_attention=True),
@@ -467,7 +518,11 @@ OP_CASES = [dict(), dict(edge=True, dropout_p=0.25, return_attention=True),
 @pytest.mark.parametrize("device", DEVICES)
 @kinds
 def test_opcheck(kind, device, case):
-    torch.library.opcheck(kind.op, _op_args(kind, device, **case))
+    # With dropout every run draws a new state, so eager and traced runs differ: test_compile_fullgraph
+    # compares them from one seed of the default generator instead.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor") + \
+        (() if case.get("dropout_p") else ("test_aot_dispatch_dynamic",))
+    torch.library.opcheck(kind.op, _op_args(kind, device, **case), test_utils=utils)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -475,12 +530,12 @@ def test_opcheck(kind, device, case):
 def test_opcheck_backward(kind, device):
     args = _op_args(kind, device, edge=True, dropout_p=0.3)
     feats = [t.detach() for t in args[:4]]
-    out, lse, _ = (t.detach() for t in kind.op(*args))
+    out, lse, _, rng_state = (t.detach() for t in kind.op(*args))
     grad_out = torch.randn_like(out)
     for edge_grad, src_grad in ((True, True), (True, False), (False, False)):
-        torch.library.opcheck(kind.backward_op, (grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, args[12],
+        torch.library.opcheck(kind.backward_op, (grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, rng_state,
                                                  edge_grad, src_grad))
-        grads = kind.backward_op(grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, args[12], edge_grad, src_grad)
+        grads = kind.backward_op(grad_out, *feats, out, lse, *args[4:10], 0.2, 0.3, rng_state, edge_grad, src_grad)
         assert (grads[3].shape == feats[3].shape) == edge_grad
         assert (grads[0].shape == feats[0].shape) == src_grad
 
@@ -513,7 +568,9 @@ def test_compile_fullgraph(kind, device):
 
 class _ExtensionOnCPU:
     """Stands in for the CUDA extension's GAT functions: checks the groupings it is handed
-    against their definition, then computes with the CPU implementation."""
+    against their definition, then computes with the CPU implementation, drawing the dropout
+    state from the generator (forward) and reading it from rng_state (backward) as the CPU op
+    does."""
 
     def __init__(self, src, dst, num_src, num_dst):
         self.want = {"dst": edgedot.plan.build_side(dst, src, num_dst, num_src),
@@ -528,21 +585,25 @@ class _ExtensionOnCPU:
         want = torch.tensor([int((rows < r).sum()) for r in range(self.rows[side] + 1)])
         assert offsets.dtype == torch.int64 and torch.equal(offsets, want), side
 
-    def _forward(self, impl, a, b, c, edge, src, dst, dst_group, dst_offsets, slope, p, seed, return_attention):
+    def _forward(self, impl, a, b, c, edge, src, dst, dst_group, dst_offsets, slope, p, generator,
+                 return_attention):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and src.is_contiguous()
         self._check("dst", dst_group, dst_offsets)
-        assert isinstance(seed, int) and isinstance(slope, float) and isinstance(p, float)
+        assert isinstance(generator, torch.Generator) and isinstance(slope, float) and isinstance(p, float)
         self.calls.append(impl.__name__)
-        return impl(a, b, c, edge, self.src, self.dst, slope, p, seed, return_attention)
+        rng_state = _dropout.draw_cpu(generator)
+        out = impl(a, b, c, edge, self.src, self.dst, slope, p, _dropout.recorded_key(rng_state, p), return_attention)
+        return (*out, rng_state)
 
     def _backward(self, impl, grad_out, a, b, c, edge, out, lse, src, dst, dst_group, dst_offsets, src_group,
-                  src_offsets, slope, p, seed, edge_grad, src_grad):
+                  src_offsets, slope, p, rng_state, edge_grad, src_grad):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst)
         self._check("dst", dst_group, dst_offsets)
         if src_grad:
             self._check("src", src_group, src_offsets)
         self.calls.append((impl.__name__, src_grad))
-        return impl(grad_out, a, b, c, edge, out, lse, self.src, self.dst, slope, p, seed, edge_grad, src_grad)
+        return impl(grad_out, a, b, c, edge, out, lse, self.src, self.dst, slope, p,
+                    _dropout.recorded_key(rng_state, p), edge_grad, src_grad)
 
     def gat_forward(self, *args):
         return self._forward(_cpu_gat.gat_forward, *args)
@@ -561,8 +622,9 @@ class _ExtensionOnCPU:
 @kinds
 def test_cuda_implementation_wiring(kind, monkeypatch, use_plan):
     """The CUDA implementations hand the extension the arguments of the interface (groupings
-    built, or the plan's; int seed; contiguous indices) and its results through unchanged: run
-    on CPU tensors with the extension replaced by the CPU implementation."""
+    built, or the plan's; the generator; the forward's rng_state to the backward; contiguous
+    indices) and its results through unchanged: run on CPU tensors with the extension replaced by
+    the CPU implementation."""
     feats, src, dst = kind.make(edge=True, dim=8, index_dtype=torch.int32)
     num_src, num_dst = feats[0].shape[0], (feats[2] if kind is GAT else feats[1]).shape[0]
     ext = _ExtensionOnCPU(src, dst, num_src, num_dst)
@@ -574,16 +636,16 @@ def test_cuda_implementation_wiring(kind, monkeypatch, use_plan):
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
     forward = _gat_ops._gat_forward_cuda if kind is GAT else _gat_ops._gatv2_forward_cuda
     backward = _gat_ops._gat_backward_cuda if kind is GAT else _gat_ops._gatv2_backward_cuda
-    seed = torch.tensor(-5)
-    got = forward(*feats, src, dst, *groups, 0.3, 0.2, seed, True, True)
-    want = kind.op(*feats, src, dst, *(None,) * 4, 0.3, 0.2, seed, True, True)
+    got = forward(*feats, src, dst, *groups, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
+    want = kind.op(*feats, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    out, lse, _ = got
+    out, lse, _, rng_state = got
     grad_out = torch.randn_like(out)
     for src_grad in (True, False):
-        got = backward(grad_out, *feats, out, lse, src, dst, *groups, 0.3, 0.2, seed, True, src_grad)
-        want = kind.backward_op(grad_out, *feats, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, seed, True, src_grad)
+        got = backward(grad_out, *feats, out, lse, src, dst, *groups, 0.3, 0.2, rng_state, True, src_grad)
+        want = kind.backward_op(grad_out, *feats, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, rng_state, True,
+                                src_grad)
         for a, b in zip(got, want):
             assert torch.equal(a, b)
     assert [c if isinstance(c, str) else c[1] for c in ext.calls] == [f"{kind.name}_forward", True, False]
@@ -761,19 +823,22 @@ def test_matches_pyg_gatv2conv(device, edge_dim):
 @pytest.mark.parametrize("edge", [False, True], ids=["noedge", "edge"])
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @kinds
-def test_cuda_matches_cpu(kind, dtype, edge):
+def test_cuda_matches_cpu(kind, dtype, edge, monkeypatch):
     """The CUDA kernels and the CPU path agree (to the accumulation's rounding), dropout mask
-    included, and repeated CUDA calls are bitwise identical (poisoned memory in between)."""
+    included (the CPU made to draw the CUDA generator's state), and repeated CUDA calls are
+    bitwise identical (poisoned memory in between)."""
     feats, src, dst = kind.make(num_src=900, num_dst=700, num_edges=6000, heads=4, dim=32, dtype=dtype, edge=edge,
                                 index_dtype=torch.int32)
     dst = dst.clone()
     dst[:2500] = 11  # a hub split into chunks on CUDA
     grad_out = rand_feat((700, 4, 32), dtype, "cpu", gen(7))
+    state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
+    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: state.clone())
 
     def run(device):
         leaves = [t if t is None else t.to(device).requires_grad_() for t in feats]
         out, alpha = kind.call(kind.fn, leaves, src.to(device), dst.to(device), dropout_p=0.25,
-                               generator=torch.Generator().manual_seed(9), return_attention=True)
+                               generator=torch.Generator(device).manual_seed(9), return_attention=True)
         grads = torch.autograd.grad(out, _present(leaves), grad_out.to(device))
         return [t.cpu() for t in (out, alpha) + grads]
 
@@ -787,6 +852,93 @@ def test_cuda_matches_cpu(kind, dtype, edge):
         assert torch.equal(a, b), f"{name}: CUDA calls differ"
         assert torch.isfinite(a).all(), name
         assert rel_error(a, c) <= tol, f"{name}: CUDA vs CPU {rel_error(a, c):.3e}"
+
+
+@requires_cuda
+@kinds
+def test_cuda_dropout_state_and_mask(kind):
+    """The CUDA forward draws the generator's (seed, offset), moves it on by OFFSET_STEP and
+    returns it; output and gradients follow the public reproduction of its mask."""
+    feats, src, dst = kind.make(num_src=300, num_dst=200, num_edges=6000, heads=4, dim=32, device="cuda",
+                                edge=True)
+    p = 0.3
+    generator = torch.Generator("cuda").manual_seed(77)
+    state = next_dropout_state("cuda", generator)
+    assert torch.equal(state, torch.tensor([77, 0]))
+    out, lse, _, rng_state = kind.op(*feats, src, dst, *(None,) * 4, 0.2, p, generator, False, True)
+    assert generator.get_offset() == _dropout.OFFSET_STEP
+    assert torch.equal(rng_state.cpu(), state)
+    keep = dropout_keep(state, src.shape[0], 4, p, "cuda")
+    grad_out = rand_feat(out.shape, torch.float32, "cuda", gen(9))
+    out64, grads64 = _dropout_reference(kind, feats, src, dst, keep, p, grad_out)
+    assert rel_error(out, out64) <= 1e-5
+    for g, g64 in zip(_op_backward(kind, feats, src, dst, out, lse, p, rng_state, grad_out), grads64):
+        assert rel_error(g, g64) <= 1e-5
+
+
+@requires_cuda
+@kinds
+def test_cuda_dropout_never_syncs(kind):
+    """Forward and backward with dropout (plan given, indices unchecked) wait for nothing."""
+    feats, src, dst = kind.make(num_src=300, num_dst=200, num_edges=6000, heads=4, dim=32, device="cuda",
+                                edge=True)
+    num_dst = (feats[2] if kind is GAT else feats[1]).shape[0]
+    plan = edgedot.EdgePlan(src, dst, feats[0].shape[0], num_dst)
+    leaves = _leaves(feats)
+    grad_out = torch.randn(num_dst, 4, 32, device="cuda")
+
+    def step(generator=None):
+        out = kind.call(kind.fn, leaves, src, dst, dropout_p=0.2, plan=plan, check_indices=False,
+                        generator=generator)
+        return torch.autograd.grad(out, leaves, grad_out)
+    step()  # loads the extension, builds the plan's offsets
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        step(torch.Generator("cuda").manual_seed(1))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+@requires_cuda
+@kinds
+def test_cuda_graph_replays_draw_new_masks(kind):
+    """Forward and backward with dropout captured in a CUDA graph: each replay draws the state the
+    default generator holds then, and its output and gradients follow that replay's mask."""
+    feats, src, dst = kind.make(num_src=300, num_dst=200, num_edges=6000, heads=4, dim=32, device="cuda",
+                                edge=True)
+    p = 0.35
+    num_dst = (feats[2] if kind is GAT else feats[1]).shape[0]
+    plan = edgedot.EdgePlan(src, dst, feats[0].shape[0], num_dst)
+    leaves = _leaves(feats)
+    grad_out = torch.randn(num_dst, 4, 32, device="cuda")
+
+    def step():
+        out = kind.call(kind.fn, leaves, src, dst, dropout_p=p, plan=plan, check_indices=False)
+        return (out,) + torch.autograd.grad(out, leaves, grad_out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    outs = []
+    for _ in range(3):
+        state = next_dropout_state("cuda")
+        graph.replay()
+        torch.cuda.synchronize()
+        keep = dropout_keep(state, src.shape[0], 4, p, "cuda")
+        out64, grads64 = _dropout_reference(kind, feats, src, dst, keep, p, grad_out)
+        assert rel_error(static[0], out64) <= 1e-5
+        for g, g64 in zip(static[1:], grads64):
+            assert rel_error(g, g64) <= 1e-5
+        outs.append(static[0].clone())
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
 
 
 @requires_cuda

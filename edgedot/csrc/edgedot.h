@@ -215,7 +215,7 @@ struct DropoutRng {
 
 // Dropout without renormalisation: element c of a call is kept when the hash of its (seed, offset)
 // and c is at least threshold (floor(p * 2**32), 0 without dropout), and kept terms are scaled by
-// keep_scale (1 / (1 - p)). Graph attention hashes c = e * heads + h.
+// keep_scale (1 / (1 - p)). Graph attention and GAT hash c = e * heads + h.
 struct Dropout {
   DropoutRng rng;
   uint64_t threshold;
@@ -291,5 +291,69 @@ void launch_attention_forward(const AttentionForwardArgs& args, ScalarKind scala
 // reads delta. Every element of the outputs is written: rows without edges as zeros.
 void launch_attention_backward_dst(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+
+// Fused GAT and GATv2 attention (csrc/gat.cuh, csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
+// csrc/gat_backward_src.cu), on the machinery of graph attention above (groupings, chunk
+// schedules, merges, dropout). Per edge e from s to n and head h:
+//   GAT:   score = leaky_relu((a_src[s, h] + a_dst[n, h]) + a_edge[e, h]);
+//   GATv2: score = sum over c of att[h, c] * leaky_relu((x[s, h, c] + x_dst[n, h, c]) + edge_feat[e, h, c]);
+// softmax over each destination's edges; out[n, h] = sum of alpha' * x[s, h]. No per-edge rows ever
+// reach memory. Per-node scalars are Rows of dim 1 (any strides).
+struct GatInputs {
+  bool v2;          // GATv2 (x_dst, att, edge_feat) or GAT (a_src, a_dst, a_edge)
+  Rows x;           // [num_src, heads, dim]: the values (GATv2: x_src, also in the score)
+  Rows a_src;       // GAT: [num_src, heads]
+  Rows a_dst;       // GAT: [num_dst, heads]
+  Rows a_edge;      // GAT: [num_edges, heads], data null when absent
+  Rows x_dst;       // GATv2: [num_dst, heads, dim]
+  Rows att;         // GATv2: [1, heads, dim] (row_stride 0)
+  Rows edge_feat;   // GATv2: [num_edges, heads, dim], data null when absent
+  int64_t num_dst, num_edges, heads, dim;
+  double negative_slope;
+  Dropout dropout;  // element e * heads + h, as graph attention's
+};
+
+struct GatForwardArgs {
+  GatInputs in;
+  AttentionGrouping dst;
+  RowChunks dst_chunks;
+  void* out;       // [num_dst, heads, dim], contiguous, in the inputs' type
+  void* lse;       // [num_dst, heads], accumulation type: -inf for rows without edges
+  void* alpha;     // [num_edges, heads] in the inputs' type (before dropout), or null
+  void* part_acc;  // [max_slots, heads, dim] accumulation type: a chunk's unnormalised output
+  void* part_ml;   // [max_slots, heads, 2]: its running maximum and sum
+};
+
+// Outputs contiguous, in the inputs' type unless said otherwise. The dst pass writes delta and
+// GAT: da_dst [num_dst, heads], da_edge [num_edges, heads] (or null);
+// GATv2: dx_dst [num_dst, heads, dim], datt_rows [num_dst, heads, dim] (accumulation type: each
+// destination's share of datt, summed over destinations afterwards), d_edge_feat (or null).
+// The src pass writes dx [num_src, heads, dim] and, for GAT, da_src [num_src, heads].
+struct GatBackwardArgs {
+  GatInputs in;
+  Rows grad_out, out;  // [num_dst, heads, dim]
+  const void* lse;     // [num_dst, heads], accumulation type
+  AttentionGrouping dst, src;
+  RowChunks dst_chunks, src_chunks;
+  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
+  void* dst_grad;      // GAT: da_dst; GATv2: dx_dst
+  void* datt_rows;     // GATv2 only
+  void* edge_grad;     // GAT: da_edge; GATv2: d_edge_feat; or null
+  void* dx;
+  void* da_src;        // GAT only
+  // Chunk partials (accumulation type) of long rows: [dst max_slots, heads, dst_grad's width (1 or
+  // dim)], [dst max_slots, heads, dim], [src max_slots, heads, dim], [src max_slots, heads, 1].
+  void* part_dst_grad;
+  void* part_datt;
+  void* part_dx;
+  void* part_da_src;
+};
+
+// out, lse (and alpha) over the dst grouping; every element written. dim in 1 .. kAttentionMaxDim.
+void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+// The dst pass (delta, dst_grad, datt_rows, edge_grad), then the src pass (dx, da_src), which reads
+// delta. Every element of the outputs is written: rows without edges as zeros.
+void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 
 }  // namespace edgedot
