@@ -132,6 +132,42 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     attention_calls(q, k, v, ef, src, dst, 0.2, True)
     attention_calls(q, k, v, None, src, dst, 0.0, True, grouped=True)
 
+# GAT and GATv2, forward and backward with every input needing a gradient: every dtype; C of one
+# element, 16-byte rows, a misaligned view and the widest; edge terms, dropout and attention
+# weights on and off; a destination hub of 9000 edges (more than 64 chunks: a block merge) and a
+# source hub; unchecked out-of-range indices; edges given sorted by destination.
+def gat_calls(dt, C, misaligned, p, edge, grouped, H=2, num_src=60, num_dst=50, E=12000):
+    src = torch.randint(0, num_src, (E,), device=dev)
+    dst = torch.randint(0, num_dst, (E,), device=dev, dtype=torch.int32)
+    dst[:9000] = 5
+    src[9000:10000] = 3
+    if grouped:
+        dst, order = torch.sort(dst, stable=True)
+        src = src[order]
+    options = dict(dropout_p=p, return_attention=p > 0)
+    if grouped:
+        options["dst_ptr"] = edgedot.index_to_ptr(dst, num_dst)
+    else:
+        src[0], dst[1] = num_src, num_dst  # out of range, unchecked
+        options["check_indices"] = False
+
+    def feat(*shape):
+        t = torch.randn(*shape[:-1], shape[-1] + misaligned, device=dev, dtype=dt)[..., misaligned:]
+        return t.requires_grad_()
+    x, x_dst = feat(num_src, H, C), feat(num_dst, H, C)
+    a_src, a_dst, att = feat(num_src, H), feat(num_dst, H), feat(H, C)
+    outs = [edgedot.gat_attention(x, a_src, a_dst, src, dst, a_edge=feat(E, H) if edge else None, **options),
+            edgedot.gatv2_attention(x, x_dst, att, src, dst, edge_feat=feat(E, H, C) if edge else None, **options)]
+    for out in outs:
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.randn_like(out))
+
+
+for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+    for C, misaligned in [(1, False), (32, False), (100, True), (256, False)]:
+        gat_calls(dt, C, misaligned, 0.3, True, False)
+        gat_calls(dt, C, misaligned, 0.0, False, True)
+
 # The fused input check (one kernel, one wait): good graphs, a pointer that disagrees, an index out of range.
 for it in [torch.int32, torch.int64]:
     q, k, v = (torch.randn(n, 2, 16, device=dev) for n in (300, 400, 400))
