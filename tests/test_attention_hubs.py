@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _grouped
+from edgedot import _attention_ops, _checks, _grouped
 from test_attention_cuda import FLOORS, full_check, grouping, inputs, reference_grads, run
 from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, rel_error, requires_cuda
 
@@ -139,11 +139,12 @@ def test_dst_ptr_errors(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
-    """The pointer is checked against dst_idx once, then remembered until either changes."""
+    """The pointer is checked against dst_idx once (in the one fused check of the call), then
+    remembered until either changes."""
     q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
     calls = []
-    real = torch.searchsorted
-    monkeypatch.setattr(_grouped.torch, "searchsorted", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = _checks.graph_flags
+    monkeypatch.setattr(_checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for _ in range(3):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     assert len(calls) == 1

@@ -2,6 +2,7 @@
 // Shapes and dtypes were validated in Python (edgedot/_checks.py) before these are called.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <torch/extension.h>
@@ -557,8 +558,11 @@ Dropout dropout_of(double dropout_p) {
 DropoutRng draw_dropout_rng(const c10::optional<at::Generator>& generator, const at::Tensor& like,
                             at::Tensor& rng_state) {
   if (generator.has_value()) {
-    TORCH_CHECK_VALUE(generator->device() == like.device(), "edgedot: the dropout generator is on ",
-                      generator->device(), " but the inputs are on ", like.device(),
+    // torch.Generator("cuda") names no index: it draws for the current device.
+    const c10::Device on = generator->device();
+    const bool same =
+        on.is_cuda() && (on.has_index() ? on.index() : c10::cuda::current_device()) == like.device().index();
+    TORCH_CHECK_VALUE(same, "edgedot: the dropout generator is on ", on, " but the inputs are on ", like.device(),
                       "; pass a generator of their device");
   }
   auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
