@@ -1,6 +1,6 @@
-"""PyG's own tests of TransformerConv (and its explain tests that build one) and of the
-auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes: see
-tests/pyg/README.md for where the files come from."""
+"""PyG's own tests of TransformerConv, GATConv and GATv2Conv (and its explain tests that build
+one), and of the auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes:
+see tests/pyg/README.md for where the files come from."""
 
 import os
 import pathlib
@@ -15,15 +15,17 @@ pytest.importorskip("torch_geometric")
 PYG_DIR = pathlib.Path(__file__).parent / "pyg"
 UPSTREAM = pathlib.Path(os.environ.get("EDGEDOT_PYG_TESTS", PYG_DIR / "upstream"))
 CONV_TEST = "test/nn/conv/test_transformer_conv.py"
+CONV_TESTS = [CONV_TEST, "test/nn/conv/test_gat_conv.py", "test/nn/conv/test_gatv2_conv.py"]
 DECODER_TEST = "test/nn/models/test_autoencoder.py"
+SWAPPED_LAYERS = ("TransformerConv", "GATConv", "GATv2Conv")
 
 
 def _test_files():
-    """PyG's TransformerConv and auto-encoder tests and every explain test file that builds a
-    TransformerConv."""
+    """PyG's tests of the swapped layers and the auto-encoders, and every explain test file that
+    builds one of the layers."""
     explain = sorted(p for p in (UPSTREAM / "test" / "explain").rglob("test_*.py")
-                     if "TransformerConv" in p.read_text())
-    return [UPSTREAM / CONV_TEST, UPSTREAM / DECODER_TEST] + explain
+                     if any(name in p.read_text() for name in SWAPPED_LAYERS))
+    return [UPSTREAM / name for name in CONV_TESTS] + [UPSTREAM / DECODER_TEST] + explain
 
 
 @pytest.mark.parametrize("full_test", ["0", "1"], ids=["FULL_TEST=0", "FULL_TEST=1"])
@@ -34,7 +36,7 @@ def test_pyg_tests_pass_with_edgedot_layer(full_test):
     files = _test_files()
     missing = [str(f) for f in files if not f.is_file()]
     assert not missing, f"missing PyG test files: {missing}"
-    assert len(files) > 2, "no explain test of PyG builds a TransformerConv: wrong files?"
+    assert len(files) > len(CONV_TESTS) + 1, "no explain test of PyG builds a swapped layer: wrong files?"
     root = pathlib.Path(__file__).parent.parent
     env = dict(os.environ, FULL_TEST=full_test,
                PYTHONPATH=os.pathsep.join([str(root), str(PYG_DIR), os.environ.get("PYTHONPATH", "")]))

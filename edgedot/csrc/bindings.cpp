@@ -983,16 +983,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     args.src_chunks = attention_chunks(*src_offsets, num_src, in.num_edges, heads, dim, dim, scalar, keep);
   }
   const auto options = x.options();
-  const at::Tensor none = at::empty({0}, options);
+  // Absent outputs: an empty tensor each (outputs of an op must not alias one another).
+  const auto none = [&options] { return at::empty({0}, options); };
   // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, heads}, options.dtype(accum));
   at::Tensor dst_grad = in.v2 ? at::empty({num_dst, heads, dim}, options) : at::empty({num_dst, heads}, options);
-  at::Tensor datt_rows = in.v2 ? at::empty({num_dst, heads, dim}, options.dtype(accum)) : none;
-  at::Tensor edge_grad = !edge_grad_wanted ? none
+  at::Tensor datt_rows = in.v2 ? at::empty({num_dst, heads, dim}, options.dtype(accum)) : none();
+  at::Tensor edge_grad = !edge_grad_wanted ? none()
                          : in.v2           ? at::empty({in.num_edges, heads, dim}, options)
                                            : at::empty({in.num_edges, heads}, options);
-  at::Tensor dx = src_grad ? at::empty({num_src, heads, dim}, options) : none;
-  at::Tensor da_src = src_grad && !in.v2 ? at::empty({num_src, heads}, options) : none;
+  at::Tensor dx = src_grad ? at::empty({num_src, heads, dim}, options) : none();
+  at::Tensor da_src = src_grad && !in.v2 ? at::empty({num_src, heads}, options) : none();
   args.delta = delta.data_ptr();
   args.dst_grad = dst_grad.data_ptr();
   args.datt_rows = in.v2 ? datt_rows.data_ptr() : nullptr;
@@ -1011,7 +1012,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // datt: the destinations' shares summed in a fixed order (a reduction, never atomics).
-  at::Tensor datt = in.v2 ? datt_rows.sum(0).to(x.scalar_type()) : none;
+  at::Tensor datt = in.v2 ? datt_rows.sum(0).to(x.scalar_type()) : none();
   return {dx, da_src, dst_grad, datt, edge_grad};
 }
 

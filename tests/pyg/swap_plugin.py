@@ -2,7 +2,7 @@
 
 ``python -m pytest -p swap_plugin <PyG test files>`` (with ``tests/pyg`` on ``sys.path``) makes
 every name by which those tests (and PyG's own code) reach a swapped PyG class
-(``TransformerConv``, ``InnerProductDecoder``) edgedot's class, before any test module is
+(``TransformerConv``, ``GATConv``, ``GATv2Conv``, ``InnerProductDecoder``) edgedot's class, before any test module is
 imported; the test bodies stay unchanged.
 """
 
@@ -15,6 +15,10 @@ import edgedot.nn
 SWAPPED = {
     "TransformerConv": (edgedot.nn.TransformerConv, ("torch_geometric.nn.conv.transformer_conv",
                                                      "torch_geometric.nn.conv", "torch_geometric.nn")),
+    "GATConv": (edgedot.nn.GATConv, ("torch_geometric.nn.conv.gat_conv", "torch_geometric.nn.conv",
+                                     "torch_geometric.nn")),
+    "GATv2Conv": (edgedot.nn.GATv2Conv, ("torch_geometric.nn.conv.gatv2_conv", "torch_geometric.nn.conv",
+                                         "torch_geometric.nn")),
     "InnerProductDecoder": (edgedot.nn.InnerProductDecoder, ("torch_geometric.nn.models.autoencoder",
                                                              "torch_geometric.nn.models", "torch_geometric.nn")),
 }
