@@ -48,3 +48,23 @@ def test_pyg_tests_pass_with_edgedot_layer(full_test):
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", summary) and not re.search(r"failed|error", summary), summary
+
+
+def test_swap_plugin_puts_edgedot_layers_in_pyg(tmp_path):
+    """The plugin itself, on a test file of the form PyG's take: names imported from PyG's
+    namespaces at module level are edgedot's classes, and so is what PyG's own code builds."""
+    (tmp_path / "test_names.py").write_text(
+        "import edgedot.nn\n"
+        "from torch_geometric.nn import GAE, GATConv, GATv2Conv, InnerProductDecoder, TransformerConv\n"
+        "from torch_geometric.nn.conv.gat_conv import GATConv as Defined\n\n"
+        "def test_names():\n"
+        "    assert GATConv is edgedot.nn.GATConv and Defined is edgedot.nn.GATConv\n"
+        "    assert GATv2Conv is edgedot.nn.GATv2Conv and TransformerConv is edgedot.nn.TransformerConv\n"
+        "    assert InnerProductDecoder is edgedot.nn.InnerProductDecoder\n"
+        "    assert type(GAE(GATConv(4, 4)).decoder) is edgedot.nn.InnerProductDecoder\n")
+    root = pathlib.Path(__file__).parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(PYG_DIR), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "swap_plugin", "-p", "no:cacheprovider",
+                             f"--rootdir={tmp_path}", f"--confcutdir={tmp_path}", str(tmp_path / "test_names.py")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
