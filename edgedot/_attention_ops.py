@@ -145,14 +145,38 @@ def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
     return group, offsets.to(torch.int64).contiguous()  # a dst_ptr comes as given
 
 
+def backward_groupings(dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, num_src, num_dst, by_src):
+    """A CUDA backward's groupings (see :func:`_grouping`): by destination, and by source where
+    ``by_src`` (else as given)."""
+    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
+    if by_src:
+        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    return dst_group, dst_offsets, src_group, src_offsets
+
+
+def draw_cpu(like, dropout_p, generator):
+    """A CPU forward's ``(rng_state, key)``: a state drawn from ``generator`` where ``dropout_p``
+    is positive, else the empty state of ``like``'s device."""
+    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(like)
+    return rng_state, _dropout.recorded_key(rng_state, dropout_p)
+
+
+def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention):
+    """A forward op's fake ``(out, lse, alpha, rng_state)`` for ``like`` ``[N, H, ...]``."""
+    heads = like.shape[1]
+    out = like.new_empty((num_dst, heads, channels))
+    lse = like.new_empty((num_dst, heads), dtype=_lse_dtype(like.dtype))
+    alpha = like.new_empty((num_edges, heads) if return_attention else (0,))
+    return out, lse, alpha, _dropout.fake_state(like, dropout_p)
+
+
 @torch.library.impl(_lib, "graph_attention", "CPU")
 def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                  scale, dropout_p, generator, return_attention, check_indices):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     # Always on the CPU (check_indices only spares CUDA a wait).
     _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
-    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(q)
-    key = _dropout.recorded_key(rng_state, dropout_p)
+    rng_state, key = draw_cpu(q, dropout_p, generator)
     out, lse, alpha = _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
                                              return_attention)
     return out, lse, alpha, rng_state
@@ -174,11 +198,7 @@ def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
 def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                   scale, dropout_p, generator, return_attention, check_indices):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
-    num_dst, heads = q.shape[0], q.shape[1]
-    out = q.new_empty((num_dst, heads, v.shape[-1]))
-    lse = q.new_empty((num_dst, heads), dtype=_lse_dtype(q.dtype))
-    alpha = q.new_empty((src_idx.shape[0], heads) if return_attention else (0,))
-    return out, lse, alpha, _dropout.fake_state(q, dropout_p)
+    return forward_fake(q, q.shape[0], v.shape[-1], src_idx.shape[0], dropout_p, return_attention)
 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CPU")
@@ -195,10 +215,9 @@ def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_
 def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                    src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
-    num_dst, num_src = q.shape[0], k.shape[0]
-    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
-    if kv_grad:  # the grouping by source serves dk and dv alone
-        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    # The grouping by source serves dk and dv alone.
+    dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
+        dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, k.shape[0], q.shape[0], kv_grad)
     return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, src_idx.contiguous(),
                                             dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
                                             scale, dropout_p, rng_state, edge_feat_grad, kv_grad)
@@ -217,16 +236,19 @@ def _backward_fake(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst
 _Q, _K, _V, _EDGE_FEAT = 0, 1, 2, 3
 
 
-def _setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output):
+    """The autograd context of a forward op of graph attention's form (also GAT's and GATv2's):
+    four feature tensors, the indices and groupings, the score's float argument (``ctx.score_arg``:
+    the scale, or the negative slope), ``dropout_p``, and outputs ``(out, lse, alpha, rng_state)``."""
     (q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-     scale, dropout_p, _, _, _) = inputs
+     score_arg, dropout_p, _, _, _) = inputs
     out, lse, alpha, rng_state = output
     # alpha is returned for inspection: the backward has no term for it.
     ctx.mark_non_differentiable(lse, alpha, rng_state)
     ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
     ctx.save_for_backward(q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                           src_offsets, rng_state)
-    ctx.scale, ctx.dropout_p = scale, dropout_p
+    ctx.score_arg, ctx.dropout_p = score_arg, dropout_p
 
 
 def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
@@ -237,9 +259,9 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
     needs = ctx.needs_input_grad
     dq, dk, dv, d_edge_feat = graph_attention_backward_op(
         grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-        src_offsets, ctx.scale, ctx.dropout_p, rng_state, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
+        src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
     return (dq if needs[_Q] else None, dk if needs[_K] else None, dv if needs[_V] else None,
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 
 
-torch.library.register_autograd("edgedot::graph_attention", _backward, setup_context=_setup_context)
+torch.library.register_autograd("edgedot::graph_attention", _backward, setup_context=setup_context)

@@ -84,6 +84,14 @@ class _GATBase(MessagePassing):
             out = out + self.bias
         return out
 
+    def _sparse_loops(self, edge_index: SparseTensor) -> SparseTensor:
+        """PyG's self-loops of a ``SparseTensor``: its diagonal set; refused with ``edge_dim``, as
+        PyG refuses it."""
+        if self.edge_dim is not None:
+            raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor edge_index "
+                                      "(as in PyG)")
+        return torch_sparse.set_diag(edge_index)
+
     @torch.jit.unused
     def _loops(self, edge_index, edge_attr, num_nodes):
         """PyG's self-loop handling: a tensor (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``)
@@ -93,14 +101,21 @@ class _GATBase(MessagePassing):
         if not self.add_self_loops:
             return edge_index, edge_attr
         if isinstance(edge_index, SparseTensor):
-            if self.edge_dim is not None:
-                raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor edge_index "
-                                          "(as in PyG)")
-            return torch_sparse.set_diag(edge_index), edge_attr
+            return self._sparse_loops(edge_index), edge_attr
         if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
             return self_looped(edge_index, edge_attr, self.fill_value, num_nodes)
         edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
         return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+
+    @torch.jit.unused
+    def _fused_edge_attr(self, adj, edge_attr):
+        """The fused path's edge features, ``[E, D]`` or None: ``edge_attr``, else a sparse
+        adjacency's values as PyG's propagate takes them; a 1-D tensor is one feature per edge."""
+        if edge_attr is None and adj.edge_attr is not None and adj.edge_attr.dim() > 1:
+            edge_attr = adj.edge_attr
+        if edge_attr is not None and edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        return edge_attr
 
     @torch.jit.unused
     def _weights(self, edge_index, alpha, rng_state, num_edges):
@@ -117,20 +132,22 @@ class _GATBase(MessagePassing):
         return attention_weights(edge_index, alpha, sparse_values=True)
 
     @torch.jit.unused
-    def _attend(self, op, args, adj, edge_index, kwargs, want_alpha):
-        """Runs the fused ``op`` on ``args`` and the adjacency; returns ``(out, weights or None)``.
+    def _attend(self, op, args, adj, edge_index, kwargs, res, return_attention_weights):
+        """Runs the fused ``op`` on ``args`` and the adjacency; returns the layer's output (see
+        :meth:`_finish`), with the attention weights where ``return_attention_weights`` is true.
 
         Where the weights are wanted in training with dropout, the dropout state the op is about to
         draw is read first (nothing drawn), for PyG's dropped weights."""
+        want_alpha = bool(return_attention_weights)
         dropout_p = self.dropout if self.training else 0.0
         device = args[0].device
         rng_state = next_dropout_state(device) if want_alpha and dropout_p > 0 else None
         out = op(*args, adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
                  dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, **kwargs)
         if not want_alpha:
-            return out, None
+            return self._finish(out, res)
         out, alpha = out
-        return out, self._weights(edge_index, alpha, rng_state, adj.src.shape[0])
+        return self._finish(out, res), self._weights(edge_index, alpha, rng_state, adj.src.shape[0])
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
@@ -253,11 +270,7 @@ class GATConv(_GATBase):
                 edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
                                                        num_nodes=num_nodes)
             elif isinstance(edge_index, SparseTensor):
-                if self.edge_dim is None:
-                    edge_index = torch_sparse.set_diag(edge_index)
-                else:
-                    raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor "
-                                              "edge_index (as in PyG)")
+                edge_index = self._sparse_loops(edge_index)
 
         # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
         alpha = self.edge_updater(edge_index, alpha=(a_src, a_dst), edge_attr=edge_attr, size=size)
@@ -344,19 +357,13 @@ class GATConv(_GATBase):
         else:
             a_dst = x_src.new_zeros(num_dst, self.heads)
         a_edge = None
-        if edge_attr is None and adj.edge_attr is not None and adj.edge_attr.dim() > 1:
-            edge_attr = adj.edge_attr  # a sparse adjacency's values, as PyG's propagate takes them
+        edge_attr = self._fused_edge_attr(adj, edge_attr)
         if edge_attr is not None and self.lin_edge is not None:
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
             # The edge term through [H, edge_dim] weights: no [E, H, C] projection.
             weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
             a_edge = edge_attr @ (weight * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
-        want_alpha = bool(return_attention_weights)
-        out, weights = self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge},
-                                    want_alpha)
-        out = self._finish(out, res)
-        return (out, weights) if want_alpha else out
+        return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
+                            return_attention_weights)
 
 
 class GATv2Conv(_GATBase):
@@ -445,11 +452,7 @@ class GATv2Conv(_GATBase):
                 edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
                                                        num_nodes=num_nodes)
             elif isinstance(edge_index, SparseTensor):
-                if self.edge_dim is None:
-                    edge_index = torch_sparse.set_diag(edge_index)
-                else:
-                    raise NotImplementedError("add_self_loops with edge_dim cannot take a SparseTensor "
-                                              "edge_index (as in PyG)")
+                edge_index = self._sparse_loops(edge_index)
 
         # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
         alpha = self.edge_updater(edge_index, x=(x_l, x_r), edge_attr=edge_attr)
@@ -517,18 +520,12 @@ class GATv2Conv(_GATBase):
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
         edge_index, edge_attr = self._loops(edge_index, edge_attr, min(num_src, num_dst))
         adj = adjacency(edge_index, num_src, num_dst, self.flow)
-        if edge_attr is None and adj.edge_attr is not None and adj.edge_attr.dim() > 1:
-            edge_attr = adj.edge_attr  # a sparse adjacency's values, as PyG's propagate takes them
+        edge_attr = self._fused_edge_attr(adj, edge_attr)
         edge_feat = None
         if edge_attr is not None:
             if self.lin_edge is None:
                 raise ValueError("edge_attr was given but the layer was built without edge_dim")
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.view(-1, 1)
             edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        want_alpha = bool(return_attention_weights)
         att = self.att.view(self.heads, self.out_channels)
-        out, weights = self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat},
-                                    want_alpha)
-        out = self._finish(out, res)
-        return (out, weights) if want_alpha else out
+        return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
+                            return_attention_weights)

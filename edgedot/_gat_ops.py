@@ -19,7 +19,8 @@ import math
 import torch
 
 from . import _cpu_gat, _dropout
-from ._attention_ops import CUDA_MAX_DIM, MAX_EDGES, _grouping, _lse_dtype
+from ._attention_ops import (CUDA_MAX_DIM, MAX_EDGES, _grouping, backward_groupings, draw_cpu, forward_fake,
+                             setup_context)
 from ._attention_ops import _check_graph as _check_edges
 from ._build import cuda_module
 from ._checks import FEATURE_DTYPES, check_indices_pair
@@ -156,20 +157,6 @@ def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
     _check_options(x_src, negative_slope, dropout_p, generator)
 
 
-def _draw_cpu(x, dropout_p, generator):
-    """A CPU forward's ``(rng_state, key)``."""
-    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(x)
-    return rng_state, _dropout.recorded_key(rng_state, dropout_p)
-
-
-def _forward_fake(x, num_dst, num_edges, dropout_p, return_attention):
-    heads = x.shape[1]
-    out = x.new_empty((num_dst, heads, x.shape[2]))
-    lse = x.new_empty((num_dst, heads), dtype=_lse_dtype(x.dtype))
-    alpha = x.new_empty((num_edges, heads) if return_attention else (0,))
-    return out, lse, alpha, _dropout.fake_state(x, dropout_p)
-
-
 # ------------------------------------------------------------------------------ GAT
 
 
@@ -178,7 +165,7 @@ def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_o
                      negative_slope, dropout_p, generator, return_attention, check_indices):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
-    rng_state, key = _draw_cpu(x, dropout_p, generator)
+    rng_state, key = draw_cpu(x, dropout_p, generator)
     out, lse, alpha = _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
                                            return_attention)
     return out, lse, alpha, rng_state
@@ -200,7 +187,7 @@ def _gat_forward_cuda(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_
 def _gat_forward_fake(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                       negative_slope, dropout_p, generator, return_attention, check_indices):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    return _forward_fake(x, a_dst.shape[0], src_idx.shape[0], dropout_p, return_attention)
+    return forward_fake(x, a_dst.shape[0], x.shape[2], src_idx.shape[0], dropout_p, return_attention)
 
 
 @torch.library.impl(_lib, "gat_attention_backward", "CPU")
@@ -215,10 +202,9 @@ def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_
 def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                        src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
-    num_dst, num_src = a_dst.shape[0], x.shape[0]
-    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
-    if src_grad:  # the grouping by source serves the source-side gradients alone
-        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    # The grouping by source serves the source-side gradients alone.
+    dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
+        dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x.shape[0], a_dst.shape[0], src_grad)
     return cuda_module().gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx.contiguous(),
                                       dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
                                       negative_slope, dropout_p, rng_state, a_edge_grad, src_grad)
@@ -241,7 +227,7 @@ def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group
                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
-    rng_state, key = _draw_cpu(x_src, dropout_p, generator)
+    rng_state, key = draw_cpu(x_src, dropout_p, generator)
     out, lse, alpha = _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
                                              dropout_p, key, return_attention)
     return out, lse, alpha, rng_state
@@ -262,7 +248,7 @@ def _gatv2_forward_cuda(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_grou
 def _gatv2_forward_fake(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                         src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    return _forward_fake(x_src, x_dst.shape[0], src_idx.shape[0], dropout_p, return_attention)
+    return forward_fake(x_src, x_dst.shape[0], x_src.shape[2], src_idx.shape[0], dropout_p, return_attention)
 
 
 @torch.library.impl(_lib, "gatv2_attention_backward", "CPU")
@@ -278,10 +264,8 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
 def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                          src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
-    num_dst, num_src = x_dst.shape[0], x_src.shape[0]
-    dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, num_dst, num_src)
-    if src_grad:
-        src_group, src_offsets = _grouping(src_group, src_offsets, src_idx, dst_idx, num_src, num_dst)
+    dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
+        dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x_src.shape[0], x_dst.shape[0], src_grad)
     return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),
                                         dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
                                         negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
@@ -303,18 +287,6 @@ def _gatv2_backward_fake(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_i
 _NUM_INPUTS = 15
 
 
-def _setup_context(ctx, inputs, output):
-    (feat, a, b, edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
-     negative_slope, dropout_p, _, _, _) = inputs
-    out, lse, alpha, rng_state = output
-    # alpha is returned for inspection: the backward has no term for it.
-    ctx.mark_non_differentiable(lse, alpha, rng_state)
-    ctx.set_materialize_grads(False)  # no zeros of E x H for alpha's absent gradient
-    ctx.save_for_backward(feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                          src_offsets, rng_state)
-    ctx.negative_slope, ctx.dropout_p = negative_slope, dropout_p
-
-
 def _make_backward(backward_op, source_inputs):
     """The autograd formula of a forward op whose inputs ``source_inputs`` (positions) are the
     source-side tensors."""
@@ -325,13 +297,13 @@ def _make_backward(backward_op, source_inputs):
          rng_state) = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                            src_group, src_offsets, ctx.negative_slope, ctx.dropout_p, rng_state, bool(needs[3]),
+                            src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, bool(needs[3]),
                             any(needs[i] for i in source_inputs))
         return tuple(g if need else None for g, need in zip(grads, needs[:4])) + (None,) * (_NUM_INPUTS - 4)
     return backward
 
 
 torch.library.register_autograd("edgedot::gat_attention", _make_backward(gat_attention_backward_op, (0, 1)),
-                                setup_context=_setup_context)
+                                setup_context=setup_context)
 torch.library.register_autograd("edgedot::gatv2_attention", _make_backward(gatv2_attention_backward_op, (0,)),
-                                setup_context=_setup_context)
+                                setup_context=setup_context)

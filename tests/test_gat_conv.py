@@ -12,7 +12,7 @@ import torch
 import edgedot
 import edgedot.nn
 from edgedot.attention import dropout_keep, next_dropout_state
-from utils import DEVICES, dtype_id, gen, rand_feat, rand_index, rel_error
+from utils import DEVICES, assert_grads_close, close_or_zero, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pytest.importorskip("torch_geometric")
 import torch_geometric.nn.conv.gat_conv as pyg_gat  # noqa: E402
@@ -88,13 +88,6 @@ def _run(layer, x, edge_index, edge_attr, want_alpha=True, grad_seed=1, **kwargs
     return out, ei, alpha, dict(zip(list(params) + [f"input{i}" for i in range(len(inputs))], grads))
 
 
-def _close(a, b, tol=TOL):
-    """||a - b|| <= tol * max(||b||, 1): relative, except for values that are zero in exact
-    arithmetic (a bias shared by all of a node's scores gets no gradient)."""
-    err = torch.linalg.vector_norm((a - b).double()).item()
-    return err <= tol * max(torch.linalg.vector_norm(b.double()).item(), 1.0), err
-
-
 def _assert_same(ours, theirs, tol=TOL):
     out, ei, alpha, grads = ours
     out_p, ei_p, alpha_p, grads_p = theirs
@@ -103,14 +96,8 @@ def _assert_same(ours, theirs, tol=TOL):
     if alpha_p is not None:
         assert torch.equal(ei, ei_p)
         assert alpha.shape == alpha_p.shape
-        assert _close(alpha, alpha_p, tol)[0], "alpha"
-    assert grads.keys() == grads_p.keys()
-    for name in grads:
-        a, b = grads[name], grads_p[name]
-        assert (a is None) == (b is None), name
-        if a is not None:
-            ok, err = _close(a, b, tol)
-            assert ok, f"grad {name}: {err:.2e}"
+        assert close_or_zero(alpha, alpha_p, tol)[0], "alpha"
+    assert_grads_close(grads, grads_p, tol)
 
 
 @pytest.mark.parametrize("bipartite", [False, True], ids=["square", "bipartite"])
@@ -212,7 +199,7 @@ def test_return_attention_weights_forms(kind):
     out, (ei, alpha) = ours(x, edge_index, return_attention_weights=True)
     _, (ei_p, alpha_p) = theirs(x, edge_index, return_attention_weights=True)
     assert torch.equal(ei, ei_p) and ei.shape[1] == alpha.shape[0] and alpha.shape[1] == 2
-    assert _close(alpha, alpha_p)[0]
+    assert close_or_zero(alpha, alpha_p, TOL)[0]
     # Each destination's weights sum to 1.
     sums = torch.zeros(10, 2, dtype=alpha.dtype).index_add_(0, ei[1], alpha)
     torch.testing.assert_close(sums, torch.ones_like(sums))
@@ -253,9 +240,9 @@ def test_adjacency_forms_match_pyg(kind, bipartite, loops):
         else:
             assert torch.equal(adj_out.to_dense(), adj_p.to_dense()), name
         assert rel_error(out, out_p) <= TOL, name
-        assert _close(alpha, alpha_p)[0], name
+        assert close_or_zero(alpha, alpha_p, TOL)[0], name
         for a, b in zip(grads, grads_p):
-            assert _close(a, b)[0], name
+            assert close_or_zero(a, b, TOL)[0], name
 
 
 @pytest.mark.parametrize("kind", LAYERS)
@@ -600,6 +587,6 @@ def test_self_loops_remembered_per_graph(kind):
         out, (ei, alpha) = ours(x, edge_index, edge_attr, return_attention_weights=True)
         out_p, (ei_p, alpha_p) = theirs(x, edge_index, edge_attr, return_attention_weights=True)
         assert ei.dtype == ei_p.dtype and torch.equal(ei, ei_p) and ei is not first
-        assert rel_error(out, out_p) <= TOL and _close(alpha, alpha_p)[0]
+        assert rel_error(out, out_p) <= TOL and close_or_zero(alpha, alpha_p, TOL)[0]
         edge_index[1, 5:9] = edge_index[0, 5:9]  # more self-loops: a new looped graph
     assert _pyg.self_looped(edge_index, edge_attr, "add", 12)[0] is not first

@@ -9,7 +9,7 @@ import torch
 import edgedot
 import edgedot.nn
 from edgedot.attention import dropout_keep, next_dropout_state
-from utils import DEVICES, dtype_id, gen, rand_feat, rand_index, rel_error
+from utils import DEVICES, assert_grads_close, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pyg_conv = pytest.importorskip("torch_geometric.nn.conv.transformer_conv")
 PyGTransformerConv = pyg_conv.TransformerConv
@@ -58,13 +58,6 @@ def _outputs_and_grads(layer, x, edge_index, edge_attr, grad_out_seed=1):
     return out, ei, alpha, dict(zip(list(params) + [f"input{i}" for i in range(len(inputs))], grads))
 
 
-def _close(a, b, rtol):
-    """||a - b|| <= rtol * max(||b||, 1): relative, except for values that are zero in exact
-    arithmetic (the key bias's gradient: softmax ignores a shift shared by all scores)."""
-    err = torch.linalg.vector_norm((a - b).double()).item()
-    return err <= rtol * max(torch.linalg.vector_norm(b.double()).item(), 1.0), err
-
-
 def _assert_same(ours, theirs, rtol=1e-12):
     out, ei, alpha, grads = ours
     out_p, ei_p, alpha_p, grads_p = theirs
@@ -72,13 +65,7 @@ def _assert_same(ours, theirs, rtol=1e-12):
     assert out.shape == out_p.shape and alpha.shape == alpha_p.shape
     assert rel_error(out, out_p) <= rtol, f"out {rel_error(out, out_p):.2e}"
     assert rel_error(alpha, alpha_p) <= rtol, f"alpha {rel_error(alpha, alpha_p):.2e}"
-    assert grads.keys() == grads_p.keys()
-    for name in grads:
-        a, b = grads[name], grads_p[name]
-        assert (a is None) == (b is None), name
-        if a is not None:
-            ok, err = _close(a, b, rtol)
-            assert ok, f"grad {name}: {err:.2e}"
+    assert_grads_close(grads, grads_p, rtol)
 
 
 @pytest.mark.parametrize("bipartite", [False, True], ids=["square", "bipartite"])

@@ -120,6 +120,25 @@ def rel_error(out, ref):
     return num / den if den > 0 else num
 
 
+def close_or_zero(a, b, tol):
+    """``(||a - b|| <= tol * max(||b||, 1), ||a - b||)``: relative, except for values that are zero
+    in exact arithmetic (a shift shared by all of a node's scores, as a bias, gets no gradient)."""
+    err = torch.linalg.vector_norm((a - b).double()).item()
+    return err <= tol * max(torch.linalg.vector_norm(b.double()).item(), 1.0), err
+
+
+def assert_grads_close(grads, grads_p, tol):
+    """Two dicts of gradients (None where a tensor got none) name the same tensors and agree by
+    :func:`close_or_zero`."""
+    assert grads.keys() == grads_p.keys()
+    for name in grads:
+        a, b = grads[name], grads_p[name]
+        assert (a is None) == (b is None), name
+        if a is not None:
+            ok, err = close_or_zero(a, b, tol)
+            assert ok, f"grad {name}: {err:.2e}"
+
+
 def tolerance(dtype, ref_lowp, ref64, condition=1.0):
     """max(2 * error of PyTorch's reference in ``dtype``, floor * condition)."""
     return max(2.0 * rel_error(ref_lowp, ref64), FLOORS[dtype] * condition)

@@ -195,75 +195,109 @@ def load_weights(layer, weights):
 
 # --------------------------------------------------------------------------- the paths
 
-def attention_paths(case, sets, check, compiled, weights, backward):
-    """Path makers of one section; ``backward``: each timed call is ``out.backward(grad)`` too.
-    With ``case.fresh_graph`` every call works on new copies of the index tensors (a new
-    mini-batch: nothing remembered about the last one helps)."""
-    op = getattr(edgedot, "graph_attention", None)
-    device = sets[0].x.device
+class PathMaker:
+    """What the paths of one section share: the graph of input set ``i`` as a call receives it,
+    and the checked, timed call of an op or a layer. ``backward``: each timed call is
+    ``out.backward(grad)`` too; ``leaves``: more tensors whose gradients a reset clears."""
 
-    def graph(i):
-        """(edge_index, src_idx, dst_idx, dst_ptr) of set i, as a call receives them."""
-        s = sets[i]
-        if not case.fresh_graph:
+    def __init__(self, case, sets, check, weights, backward, leaves=()):
+        self.case, self.sets, self.check, self.weights, self.backward = case, sets, check, weights, backward
+        self.leaves = leaves
+        self.device = sets[0].x.device
+
+    def graph(self, i):
+        """(edge_index, src_idx, dst_idx, dst_ptr) of set i, as a call receives them: with
+        ``case.fresh_graph`` new copies of the index tensors every call (a new mini-batch:
+        nothing remembered about the last one helps)."""
+        s = self.sets[i]
+        if not self.case.fresh_graph:
             return s.edge_index, s.src_idx, s.dst_idx, s.dst_ptr
         edge_index = s.edge_index.clone()
         return edge_index, edge_index[0], edge_index[1], s.dst_ptr.clone()
 
-    def op_path(call_op):
-        if not backward:
+    def clear(self, i):
+        """Drops the gradients of set i's inputs and of the leaves."""
+        self.sets[i].clear_grads()
+        for t in self.leaves:
+            t.grad = None
+
+    def _checked(self, forward, grad, want, extra_errors, reset):
+        """The largest error of ``forward(0)`` against ``want`` at the check's rows, its backward
+        from ``grad`` and the errors ``extra_errors()`` then tells; gradients reset around it."""
+        reset(0)
+        out = forward(0)
+        out.backward(grad)
+        errors = [relative_error(out[self.check.rows], want)] + extra_errors()
+        reset(0)
+        return max(errors)
+
+    def _timed(self, forward, grad_of):
+        def call(i):
+            out = forward(i)
+            out.backward(grad_of(self.sets[i]))
+            return out
+        return call
+
+    def op_path(self, call_op):
+        """The path of ``call_op(i)``, an op's output ``[N, H, D]`` on set i."""
+        check, sets = self.check, self.sets
+        if not self.backward:
             return BenchPath(call_op, lambda out: relative_error(out[check.rows], check.out))
 
-        def call(i):
-            out = call_op(i)
-            out.backward(sets[i].grad_out)
-            return out
+        def errors():
+            return [rows_error(getattr(sets[0], name).grad, rows, want) for name, (rows, want) in check.grads.items()]
 
         def verify():
-            first = sets[0]
-            first.clear_grads()
-            out = call_op(0)
-            out.backward(check.grad_out)
-            errors = [relative_error(out[check.rows], check.out)]
-            errors += [rows_error(getattr(first, name).grad, rows, want)
-                       for name, (rows, want) in check.grads.items()]
-            first.clear_grads()
-            return max(errors)
+            return self._checked(call_op, check.grad_out, check.out, errors, self.clear)
 
-        return BenchPath(call, None, reset=lambda i: sets[i].clear_grads(), check=verify)
+        return BenchPath(self._timed(call_op, lambda s: s.grad_out), None, reset=self.clear, check=verify)
 
-    def layer_path(layer, strict=True):
-        layer = layer.to(device=device, dtype=case.dtype)
-        load_weights(layer, weights)
+    def layer_path(self, layer, adjacency=None, strict=True):
+        """The path of ``layer`` (given the benchmark's weights) on set i's features and
+        ``adjacency(i)`` (by default the set's ``edge_index``)."""
+        check, sets = self.check, self.sets
+        layer = layer.to(device=self.device, dtype=self.case.dtype)
+        load_weights(layer, self.weights)
 
         def forward(i):
-            return layer(sets[i].x, graph(i)[0])
+            return layer(sets[i].x, adjacency(i) if adjacency else self.graph(i)[0])
 
-        def clear(i):
-            sets[i].clear_grads()
+        def reset(i):
+            self.clear(i)
             layer.zero_grad(set_to_none=True)
 
-        if not backward:
+        if not self.backward:
             def call(i):
                 with torch.no_grad():
                     return forward(i)
             return BenchPath(call, lambda out: relative_error(out[check.rows], check.layer_out), strict=strict)
 
-        def call(i):
-            out = forward(i)
-            out.backward(sets[i].grad_layer)
-            return out
+        def errors():
+            return [rows_error(sets[0].x.grad, *check.x_grad),
+                    weights_error({name: p.grad for name, p in layer.named_parameters()}, check.weight_grads)]
 
         def verify():
-            clear(0)
-            out = forward(0)
-            out.backward(check.layer_grad_out)
-            errors = [relative_error(out[check.rows], check.layer_out), rows_error(sets[0].x.grad, *check.x_grad),
-                      weights_error({name: p.grad for name, p in layer.named_parameters()}, check.weight_grads)]
-            clear(0)
-            return max(errors)
+            return self._checked(forward, check.layer_grad_out, check.layer_out, errors, reset)
 
-        return BenchPath(call, None, reset=clear, check=verify, strict=strict)
+        return BenchPath(self._timed(forward, lambda s: s.grad_layer), None, reset=reset, check=verify, strict=strict)
+
+    def turbo_graphs(self, turbo_gnn):
+        """A function of i: set i's graph as Turbo-GNN's adjacency (built here for a static graph,
+        in the call for a fresh one)."""
+        adjacency = turbo_gnn.AdjacencyForwardBackwardWithNodeBuckets
+
+        def build(edge_index):
+            return adjacency.from_edge_list(edge_index, num_nodes=self.case.num_nodes).to(self.device)
+
+        graphs = None if self.case.fresh_graph else [build(s.edge_index) for s in self.sets]
+        return lambda i: graphs[i] if graphs else build(self.graph(i)[0])
+
+
+def attention_paths(case, sets, check, compiled, weights, backward):
+    """Path makers of one section (see :class:`PathMaker`)."""
+    op = getattr(edgedot, "graph_attention", None)
+    paths = PathMaker(case, sets, check, weights, backward)
+    graph, op_path, layer_path = paths.graph, paths.op_path, paths.layer_path
 
     def edgedot_op(plans=None, grouped=False, **options):
         def make():
@@ -305,16 +339,10 @@ def attention_paths(case, sets, check, compiled, weights, backward):
             import turbo_gnn
         except ImportError:
             raise NotApplicable("turbo_gnn is not installed") from None
-        adjacency = turbo_gnn.AdjacencyForwardBackwardWithNodeBuckets
-
-        def build(edge_index):
-            return adjacency.from_edge_list(edge_index, num_nodes=case.num_nodes).to(device)
-
-        graphs = None if case.fresh_graph else [build(s.edge_index) for s in sets]
+        graph_of = paths.turbo_graphs(turbo_gnn)
 
         def call(i):  # its score is Q[source] . K[destination]: our k and q
-            g = graphs[i] if graphs else build(graph(i)[0])
-            return turbo_gnn.graph_transformer_aggr(g, sets[i].x, Q=sets[i].k, K=sets[i].q, V=sets[i].v,
+            return turbo_gnn.graph_transformer_aggr(graph_of(i), sets[i].x, Q=sets[i].k, K=sets[i].q, V=sets[i].v,
                                                     scale=scale).view(sets[i].q.shape)
         return op_path(call)
 

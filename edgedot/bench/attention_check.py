@@ -112,8 +112,10 @@ def summed_rows(parts):
                              device=values.device).index_add_(0, inverse, values)
 
 
-def expected_attention(case, inputs, weights, with_grads):
-    """The float64 reference of the op and of the layer on the sampled subgraph of ``inputs``."""
+def sampled_subgraph(case, inputs):
+    """The check's subgraph of ``inputs``: ``(rows, edges, src_rows, src_local, dst_local)``, the
+    sampled destination nodes, the edges into them, the sources those edges read, and each edge's
+    source and destination as positions in ``src_rows`` and ``rows``."""
     device = inputs.x.device
     generator = torch.Generator(device).manual_seed(1234)
     rows = sample_rows(case.num_nodes, case.num_edges, device, generator)
@@ -122,6 +124,12 @@ def expected_attention(case, inputs, weights, with_grads):
     edges = (local[inputs.dst_idx] >= 0).nonzero().squeeze(1)
     dst_local = local[inputs.dst_idx[edges]]
     src_rows, src_local = torch.unique(inputs.src_idx[edges], return_inverse=True)
+    return rows, edges, src_rows, src_local, dst_local
+
+
+def expected_attention(case, inputs, weights, with_grads):
+    """The float64 reference of the op and of the layer on the sampled subgraph of ``inputs``."""
+    rows, edges, src_rows, src_local, dst_local = sampled_subgraph(case, inputs)
     scale = case.dim ** -0.5
     heads, dim = case.heads, case.dim
 

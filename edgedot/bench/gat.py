@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 import edgedot
 
-from .attention import AttentionCase, load_weights, make_attention_set, ok_time, ratio, shrunk_attention
-from .attention_check import masked, rows_error, sample_rows, summed_rows, weights_error
+from .attention import AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
+from .attention_check import masked, sampled_subgraph, summed_rows
 from .cases import GAT_FORWARD, GAT_FORWARD_BACKWARD, TOLERANCE, rotating_sets
-from .timing import BenchPath, NotApplicable, progress, relative_error, run_section
+from .timing import NotApplicable, progress, run_section
 
 __all__ = ["GATCase", "GAT_CASES", "run_gat_case", "shrunk_gat", "add_gat_power_law_ratios", "unfused_gat"]
 
@@ -171,14 +171,7 @@ def expected_gat(case, inputs, weights, att, with_grads):
     """The float64 reference of the op and of the layer on the subgraph of the edges into a
     sample of destination nodes; with a ``grad_out`` zero outside the sample, every gradient
     depends on that subgraph only."""
-    device = inputs.x.device
-    generator = torch.Generator(device).manual_seed(1234)
-    rows = sample_rows(case.num_nodes, case.num_edges, device, generator)
-    local = torch.full((case.num_nodes,), -1, dtype=torch.int64, device=device)
-    local[rows] = torch.arange(rows.numel(), device=device)
-    edges = (local[inputs.dst_idx] >= 0).nonzero().squeeze(1)
-    dst_local = local[inputs.dst_idx[edges]]
-    src_rows, src_local = torch.unique(inputs.src_idx[edges], return_inverse=True)
+    rows, edges, src_rows, src_local, dst_local = sampled_subgraph(case, inputs)
     heads, dim = case.heads, case.dim
 
     def leaf(t):
@@ -229,78 +222,12 @@ def expected_gat(case, inputs, weights, att, with_grads):
 # --------------------------------------------------------------------------- the paths
 
 def gat_paths(case, sets, check, compiled, weights, att, backward):
-    """Path makers of one section; ``backward``: each timed call is ``out.backward(grad)`` too.
-    With ``case.fresh_graph`` every call works on new copies of the index tensors."""
-    device = sets[0].x.device
+    """Path makers of one section (see :class:`~.attention.PathMaker`; resets clear ``att``'s
+    gradient too)."""
     ours_class, pyg_class = _layer_classes(case.conv)
     op = edgedot.gat_attention if case.conv == "gat" else edgedot.gatv2_attention
-
-    def graph(i):
-        """(edge_index, src_idx, dst_idx, dst_ptr) of set i, as a call receives them."""
-        s = sets[i]
-        if not case.fresh_graph:
-            return s.edge_index, s.src_idx, s.dst_idx, s.dst_ptr
-        edge_index = s.edge_index.clone()
-        return edge_index, edge_index[0], edge_index[1], s.dst_ptr.clone()
-
-    def clear(i):
-        sets[i].clear_grads()
-        if att.grad is not None:
-            att.grad = None
-
-    def op_path(call_op):
-        if not backward:
-            return BenchPath(call_op, lambda out: relative_error(out[check.rows], check.out))
-
-        def call(i):
-            out = call_op(i)
-            out.backward(sets[i].grad_out)
-            return out
-
-        def verify():
-            clear(0)
-            out = call_op(0)
-            out.backward(check.grad_out)
-            errors = [relative_error(out[check.rows], check.out)]
-            errors += [rows_error(getattr(sets[0], name).grad, rows, want)
-                       for name, (rows, want) in check.grads.items()]
-            clear(0)
-            return max(errors)
-
-        return BenchPath(call, None, reset=clear, check=verify)
-
-    def layer_path(layer, adjacency=None, strict=True):
-        layer = layer.to(device=device, dtype=case.dtype)
-        load_weights(layer, weights)
-
-        def forward(i):
-            return layer(sets[i].x, adjacency(i) if adjacency else graph(i)[0])
-
-        def reset(i):
-            clear(i)
-            layer.zero_grad(set_to_none=True)
-
-        if not backward:
-            def call(i):
-                with torch.no_grad():
-                    return forward(i)
-            return BenchPath(call, lambda out: relative_error(out[check.rows], check.layer_out), strict=strict)
-
-        def call(i):
-            out = forward(i)
-            out.backward(sets[i].grad_layer)
-            return out
-
-        def verify():
-            reset(0)
-            out = forward(0)
-            out.backward(check.layer_grad_out)
-            errors = [relative_error(out[check.rows], check.layer_out), rows_error(sets[0].x.grad, *check.x_grad),
-                      weights_error({name: p.grad for name, p in layer.named_parameters()}, check.weight_grads)]
-            reset(0)
-            return max(errors)
-
-        return BenchPath(call, None, reset=reset, check=verify, strict=strict)
+    paths = PathMaker(case, sets, check, weights, backward, leaves=(att,))
+    graph, op_path, layer_path = paths.graph, paths.op_path, paths.layer_path
 
     def edgedot_op():
         def call(i):
@@ -342,16 +269,10 @@ def gat_paths(case, sets, check, compiled, weights, att, backward):
         aggregate = getattr(turbo_gnn, "gatv2_aggr", None)
         if aggregate is None:
             raise NotApplicable("this turbo_gnn has no gatv2_aggr")
-        adjacency = turbo_gnn.AdjacencyForwardBackwardWithNodeBuckets
-
-        def build(edge_index):
-            return adjacency.from_edge_list(edge_index, num_nodes=case.num_nodes).to(device)
-
-        graphs = None if case.fresh_graph else [build(s.edge_index) for s in sets]
+        graph_of = paths.turbo_graphs(turbo_gnn)
 
         def call(i):  # x: the destinations' rows, x_neighbors: the sources' (values), [N, H * C] out
-            g = graphs[i] if graphs else build(graph(i)[0])
-            return aggregate(g, sets[i].q, x_neighbors=sets[i].k, attention_weights=att,
+            return aggregate(graph_of(i), sets[i].q, x_neighbors=sets[i].k, attention_weights=att,
                              negative_slope=NEGATIVE_SLOPE).view(sets[i].q.shape)
         return op_path(call)
 
