@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _checks, _grouped
-from test_attention_cuda import FLOORS, full_check, grouping, inputs, reference_grads, run
-from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, rel_error, requires_cuda
+from edgedot import _attention_ops, _checks
+from test_attention_cuda import full_check, grouping, inputs, run
+from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, requires_cuda
 
 
 def sorted_graph(num_src, num_dst, num_edges, device, g, index_dtype=torch.int64, hub=None, hub_edges=0):

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import edgedot
 from edgedot.bench import attention, attention_check
 from edgedot.bench.__main__ import select_cases
 from edgedot.bench.cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GRAPH_REPLAY,

@@ -17,7 +17,6 @@ from utils import DEVICES, assert_grads_close, close_or_zero, dtype_id, gen, ran
 pytest.importorskip("torch_geometric")
 import torch_geometric.nn.conv.gat_conv as pyg_gat  # noqa: E402
 import torch_geometric.nn.conv.gatv2_conv as pyg_gatv2  # noqa: E402
-from torch_geometric import EdgeIndex  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
 from test_pyg_integration import _forms, _simple_graph  # noqa: E402
 
