@@ -18,7 +18,7 @@ pytest.importorskip("torch_geometric")
 import torch_geometric.nn.conv.gat_conv as pyg_gat  # noqa: E402
 import torch_geometric.nn.conv.gatv2_conv as pyg_gatv2  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
-from test_pyg_integration import _forms, _simple_graph  # noqa: E402
+from test_pyg_integration import _forms, _simple_graph, check_gnn_explainer_edge_mask  # noqa: E402
 
 LAYERS = {"gat": (edgedot.nn.GATConv, pyg_gat.GATConv), "gatv2": (edgedot.nn.GATv2Conv, pyg_gatv2.GATv2Conv)}
 PYG_MODULES = {"gat": pyg_gat, "gatv2": pyg_gatv2}
@@ -379,28 +379,7 @@ def test_path_choice_and_explain(kind, monkeypatch):
 
 @pytest.mark.parametrize("kind", LAYERS)
 def test_gnn_explainer_gets_edge_gradients(kind):
-    from torch_geometric.explain import Explainer, GNNExplainer
-
-    conv = LAYERS[kind][0]
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = conv(3, 8, heads=2)
-            self.conv2 = conv(16, 4)
-
-        def forward(self, x, edge_index):
-            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
-
-    torch.manual_seed(0)
-    g = gen(16)
-    x, edge_index = rand_feat((12, 3), g=g), _graph(12, 12, 40, "cpu", g)
-    explainer = Explainer(Model(), GNNExplainer(epochs=3), explanation_type="model", edge_mask_type="object",
-                          node_mask_type="attributes",
-                          model_config=dict(mode="multiclass_classification", task_level="node", return_type="raw"))
-    explanation = explainer(x, edge_index, index=2)
-    assert explanation.edge_mask.shape == (40,)
-    assert explanation.edge_mask.abs().sum() > 0
+    check_gnn_explainer_edge_mask(LAYERS[kind][0])
 
 
 @pytest.mark.parametrize("kind", LAYERS)

@@ -248,15 +248,16 @@ def test_flow_target_to_source(device):
     assert rel_error(ours(x, edge_index), theirs(x, edge_index)) <= 1e-12
 
 
-def test_gnn_explainer_gets_edge_gradients():
-    """GNNExplainer trains its edge mask through the layer (it needs gradients to the mask)."""
+def check_gnn_explainer_edge_mask(conv):
+    """GNNExplainer trains its edge mask through two layers of class ``conv`` (it needs gradients
+    to the mask): the mask it returns is not all zeros."""
     from torch_geometric.explain import Explainer, GNNExplainer
 
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = edgedot.nn.TransformerConv(3, 8, heads=2)
-            self.conv2 = edgedot.nn.TransformerConv(16, 4)
+            self.conv1 = conv(3, 8, heads=2)
+            self.conv2 = conv(16, 4)
 
         def forward(self, x, edge_index):
             return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
@@ -270,6 +271,10 @@ def test_gnn_explainer_gets_edge_gradients():
     explanation = explainer(x, edge_index, index=2)
     assert explanation.edge_mask.shape == (40,)
     assert explanation.edge_mask.abs().sum() > 0
+
+
+def test_gnn_explainer_gets_edge_gradients():
+    check_gnn_explainer_edge_mask(edgedot.nn.TransformerConv)
 
 
 def test_attention_explainer_collects_attention():
