@@ -18,7 +18,8 @@ pytest.importorskip("torch_geometric")
 import torch_geometric.nn.conv.gat_conv as pyg_gat  # noqa: E402
 import torch_geometric.nn.conv.gatv2_conv as pyg_gatv2  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
-from test_pyg_integration import _forms, _simple_graph, check_gnn_explainer_edge_mask  # noqa: E402
+from test_pyg_integration import (_forms, _simple_graph, check_gnn_explainer_edge_mask,  # noqa: E402
+                                  check_to_hetero_matches_pyg)
 
 LAYERS = {"gat": (edgedot.nn.GATConv, pyg_gat.GATConv), "gatv2": (edgedot.nn.GATv2Conv, pyg_gatv2.GATv2Conv)}
 PYG_MODULES = {"gat": pyg_gat, "gatv2": pyg_gatv2}
@@ -443,35 +444,7 @@ def test_torchscript(kind):
 
 @pytest.mark.parametrize("kind", LAYERS)
 def test_to_hetero_matches_pyg(kind):
-    from torch_geometric.data import HeteroData
-    from torch_geometric.nn import to_hetero
-
-    g = gen(19)
-    data = HeteroData()
-    data["paper"].x = rand_feat((9, 6), torch.float64, g=g)
-    data["author"].x = rand_feat((7, 6), torch.float64, g=g)
-    data["paper", "cites", "paper"].edge_index = _graph(9, 9, 20, "cpu", g)
-    data["author", "writes", "paper"].edge_index = _graph(7, 9, 15, "cpu", g)
-    data["paper", "rev_writes", "author"].edge_index = _graph(9, 7, 15, "cpu", g)
-
-    def model(conv_cls):
-        class Model(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.conv1 = conv_cls((6, 6), 8, heads=2, add_self_loops=False)
-                self.conv2 = conv_cls((16, 16), 3, add_self_loops=False)
-
-            def forward(self, x, edge_index):
-                return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
-
-        return to_hetero(Model(), data.metadata(), aggr="sum").double()
-
-    theirs, ours = model(LAYERS[kind][1]), model(LAYERS[kind][0])
-    ours.load_state_dict(theirs.state_dict())
-    out, out_p = ours(data.x_dict, data.edge_index_dict), theirs(data.x_dict, data.edge_index_dict)
-    assert out.keys() == out_p.keys()
-    for key in out:
-        assert rel_error(out[key], out_p[key]) <= TOL, key
+    check_to_hetero_matches_pyg(LAYERS[kind][0], LAYERS[kind][1], TOL, add_self_loops=False)
 
 
 def test_bad_inputs():
