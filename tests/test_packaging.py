@@ -45,6 +45,12 @@ def test_sources_are_every_source_file_of_the_package():
     assert not listed - on_disk, f"in _sources.SOURCES but not in the package: {sorted(listed - on_disk)}"
 
 
+def test_sources_have_distinct_file_names():
+    # torch's just-in-time build names each object file after its source's file name alone.
+    stems = [Path(source).stem for source in _sources.SOURCES]
+    assert len(set(stems)) == len(stems), f"two sources share a file name: {sorted(stems)}"
+
+
 def test_setup_builds_the_listed_sources():
     assert SETUP["load_sources"]().SOURCES == _sources.SOURCES
     assert SETUP["base_version"]() == edgedot.__version__
@@ -53,7 +59,7 @@ def test_setup_builds_the_listed_sources():
 def test_fingerprint_follows_sources_and_headers(tmp_path):
     copy = tmp_path / "edgedot"
     for folder in sorted({Path(source).parent for source in _sources.SOURCES}):
-        shutil.copytree(PACKAGE / folder, copy / folder)
+        shutil.copytree(PACKAGE / folder, copy / folder, dirs_exist_ok=True)
     base = _sources.fingerprint(copy)
     assert base == _sources.fingerprint(PACKAGE)
     (copy / "csrc" / "notes.txt").write_text("not a source")

@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "edgedot.h"
+#include "common/edgedot.h"
 
 namespace edgedot {
 namespace {

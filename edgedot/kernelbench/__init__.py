@@ -93,7 +93,7 @@ def get_init_inputs():
 
 # Sources (under edgedot/) of the seed problem's entry point (kernelbench.cpp) and the kernels it
 # calls, each after the local headers it includes.
-EXPORT_SOURCES = ("csrc/edgedot.h", "csrc/common.cuh", "csrc/launch.cu", "csrc/forward.cu",
+EXPORT_SOURCES = ("csrc/common/edgedot.h", "csrc/common/common.cuh", "csrc/common/launch.cu", "csrc/edge_dot/edge_dot_forward.cu",
                   "kernelbench/csrc/index_cast.cu", "kernelbench/csrc/kernelbench.cpp")
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
@@ -115,7 +115,7 @@ def cuda_source():
     """
     parts = []
     for position, path in enumerate(EXPORT_SOURCES):
-        inlined = {Path(before).name for before in EXPORT_SOURCES[:position]}
+        inlined = {before.removeprefix("csrc/") for before in EXPORT_SOURCES[:position]}  # as included
         lines = []
         for line in (PACKAGE / path).read_text().splitlines():
             include = _LOCAL_INCLUDE.match(line)

@@ -2,7 +2,7 @@
 // KernelBench casts them; the library itself accepts integer indices only).
 #include <cmath>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 

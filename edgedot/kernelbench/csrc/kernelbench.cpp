@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/types.h>
 
-#include "edgedot.h"
+#include "common/edgedot.h"
 
 namespace edgedot {
 

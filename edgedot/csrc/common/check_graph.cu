@@ -1,6 +1,6 @@
 // The validation of a graph's index tensors (edgedot/_checks.py:check_graph) in one pass: every
 // condition lands in its own device flag, which the binding reads back with a single wait.
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 namespace {

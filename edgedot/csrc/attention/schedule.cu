@@ -7,7 +7,7 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
-#include "attention.cuh"
+#include "attention/engine.cuh"
 
 namespace edgedot {
 

@@ -2,7 +2,7 @@
 // (csrc/gat_backward_dst.cu): a team per (s, h) of the src grouping writes dx[s, h] = sum over its
 // outgoing edges of alpha' * grad_out[n] (GATv2: plus dm) and, for GAT, da_src[s, h] = sum of dz,
 // without atomics. Long rows are walked in chunks whose partials a merge sums in chunk order.
-#include "gat.cuh"
+#include "attention/scores.cuh"
 
 namespace edgedot {
 

@@ -5,7 +5,7 @@
 // order is fixed, so results are bitwise reproducible.
 #include <cub/block/block_scan.cuh>
 
-#include "attention.cuh"
+#include "attention/engine.cuh"
 
 namespace edgedot {
 

@@ -7,8 +7,8 @@
 #include <initializer_list>
 #include <utility>
 
-#include "common.cuh"
-#include "dropout.cuh"
+#include "common/common.cuh"
+#include "attention/dropout.cuh"
 
 namespace edgedot {
 

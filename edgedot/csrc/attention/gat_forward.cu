@@ -2,7 +2,7 @@
 // edges with an online softmax, exactly as graph attention's forward (csrc/attention_forward.cu)
 // does, with the score of the model (csrc/gat.cuh) in place of a dot product. Long rows are walked
 // in chunks whose partials the softmax merge combines in chunk order (csrc/attention_merge.cu).
-#include "gat.cuh"
+#include "attention/scores.cuh"
 
 namespace edgedot {
 

@@ -1,7 +1,7 @@
 // Backward without a plan: edges in the order given, atomics into the gradient.
 #include <algorithm>
 
-#include "grad_common.cuh"
+#include "edge_dot/grad_common.cuh"
 
 namespace edgedot {
 

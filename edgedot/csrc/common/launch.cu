@@ -4,7 +4,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 

@@ -9,7 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "edgedot.h"
+#include "common/edgedot.h"
 
 namespace edgedot {
 

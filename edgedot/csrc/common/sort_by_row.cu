@@ -5,7 +5,7 @@
 // reduction then reads every sorted edge in sequence instead of gathering it by position.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 

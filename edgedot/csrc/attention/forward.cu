@@ -2,7 +2,7 @@
 // incoming edges with an online softmax; no per-edge row ever reaches memory. Long rows (hubs) are
 // walked in chunks by teams of their own, whose partial (max, sum, output) a merge kernel combines
 // in chunk order (csrc/attention_merge.cu).
-#include "attention.cuh"
+#include "attention/engine.cuh"
 
 namespace edgedot {
 

@@ -6,7 +6,7 @@
 // (csrc/attention_merge.cu).
 // Scores are recomputed exactly as the forward computes them (same team shape, same order of
 // operations), so alpha = exp(score - lse) matches the forward's softmax.
-#include "attention.cuh"
+#include "attention/engine.cuh"
 
 namespace edgedot {
 

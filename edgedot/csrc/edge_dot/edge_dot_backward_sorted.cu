@@ -5,7 +5,7 @@
 // order: bitwise reproducible.
 #include <algorithm>
 
-#include "grad_common.cuh"
+#include "edge_dot/grad_common.cuh"
 
 namespace edgedot {
 

@@ -9,7 +9,7 @@
 // write nothing and the used flag stays 0, and the forward visits the edges as given.
 #include <cub/block/block_scan.cuh>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 namespace {

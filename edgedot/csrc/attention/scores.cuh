@@ -4,7 +4,7 @@
 // so the backward's alpha = exp(score - lse) matches the forward's softmax.
 #pragma once
 
-#include "attention.cuh"
+#include "attention/engine.cuh"
 
 namespace edgedot {
 

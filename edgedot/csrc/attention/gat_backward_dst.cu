@@ -3,7 +3,7 @@
 // <grad_out, out>, the gradient of the destination's own inputs (GAT: da_dst; GATv2: dx_dst and
 // its share of datt) and each edge's gradient (da_edge; d_edge_feat), without atomics. Long rows
 // are walked in chunks whose partials a merge sums in chunk order (csrc/attention_merge.cu).
-#include "gat.cuh"
+#include "attention/scores.cuh"
 
 namespace edgedot {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "edgedot.h"
+#include "common/edgedot.h"
 
 namespace edgedot {
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 

@@ -1,7 +1,7 @@
 // Forward: one fused gather-dot per (edge, head); no gathered rows ever reach memory.
 #include <cmath>
 
-#include "common.cuh"
+#include "common/common.cuh"
 
 namespace edgedot {
 
