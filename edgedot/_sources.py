@@ -23,11 +23,9 @@ SOURCES = [
     "csrc/edge_dot/edge_dot_backward_sorted.cu",
     "csrc/attention/schedule.cu",
     "csrc/attention/forward.cu",
-    "csrc/attention/backward.cu",
+    "csrc/attention/backward_dst.cu",
+    "csrc/attention/backward_src.cu",
     "csrc/attention/merge.cu",
-    "csrc/attention/gat_forward.cu",
-    "csrc/attention/gat_backward_dst.cu",
-    "csrc/attention/gat_backward_src.cu",
     "kernelbench/csrc/kernelbench.cpp",
     "kernelbench/csrc/index_cast.cu",
 ]

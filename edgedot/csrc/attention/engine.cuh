@@ -1,284 +1,17 @@
-// Shared by the graph attention kernels: thread teams, a lane's vectors of a row, dropout weights.
+// The attention engine: the units of work over a grouping (whole rows, and chunks of long rows),
+// the walk over a row's edges, and the three passes every score function shares (the forward with
+// its online softmax, and the backward's destination and source passes, by recomputation from
+// lse). A score function is a policy (scores.cuh) that says what a score reads and what its
+// gradients are; the passes here hold everything else.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
 
-#include "common/common.cuh"
 #include "attention/dropout.cuh"
+#include "attention/lanes.cuh"
 
 namespace edgedot {
-
-__device__ __forceinline__ float fma_accum(float a, float b, float c) { return fmaf(a, b, c); }
-__device__ __forceinline__ double fma_accum(double a, double b, double c) { return fma(a, b, c); }
-
-// A score, rounded on its own: never fused into a later subtraction (of lse), which the forward
-// and the backward passes would then round differently.
-__device__ __forceinline__ float scaled_score(float dot, float scale) { return __fmul_rn(dot, scale); }
-__device__ __forceinline__ double scaled_score(double dot, double scale) { return __dmul_rn(dot, scale); }
-
-// Edges in flight per team: each lane loads the rows of this many edges before it adds any, since
-// the gather is latency-bound; fewer when a lane holds more vectors of each row, and fewer for
-// types whose widened values take more registers (half types, double) or with edge_feat rows.
-template <typename T, int NV, bool kHasEdgeFeat>
-constexpr int kAttentionBatch =
-    std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 || kHasEdgeFeat ? 2 : 3) / NV);
-
-// Blocks per SM the kernels are built for: 3 (80 registers a thread) where that leaves the batches
-// above without spills; 2 (128 registers) with edge_feat rows or 8 vectors a lane; 1 for double,
-// whose values take two registers each (it spilled at 128).
-template <typename T, int NV, bool kHasEdgeFeat>
-constexpr int kAttentionBlocksPerSM = sizeof(T) == 8 ? 1 : kHasEdgeFeat || NV == 8 ? 2 : 3;
-
-// A team of `group` lanes (an aligned power of two up to 32) owns one (row, head) pair. Teams of a
-// warp walk different rows, so they diverge: reductions shuffle within the team's own lanes.
-struct Team {
-  unsigned mask;
-  int lane, group, first;  // first: the warp lane of the team's lane 0
-
-  __device__ __forceinline__ explicit Team(int g) : group(g) {
-    const int warp_lane = threadIdx.x & 31;
-    lane = warp_lane & (g - 1);
-    first = warp_lane - lane;
-    mask = g == 32 ? 0xffffffffu : ((1u << g) - 1) << first;
-  }
-
-  // Sum over the team. The butterfly gives every lane the same bits (a + b == b + a), so decisions
-  // taken on the result stay uniform across the team.
-  template <typename A>
-  __device__ __forceinline__ A sum(A x) const {
-    for (int offset = group >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(mask, x, offset);
-    return x;
-  }
-
-  template <typename V>
-  __device__ __forceinline__ V from(V x, int team_lane) const {
-    return __shfl_sync(mask, x, first + team_lane);
-  }
-};
-
-// Fewest lanes of a team: walk_edges gives each edge of a batch to a lane of its own. Lanes beyond
-// a row's vectors add zeros, which leave the team's sums as they are (but for the sign of a zero).
-constexpr int kAttentionMinTeam = 4;
-
-// Team shape for rows of `vectors` vectors: lanes per team and vectors per lane (per_lane, a power
-// of two). One vector per lane up to 32, so small heads spread over several lanes and the heads of
-// one node (adjacent teams) read adjacent memory.
-struct TeamShape {
-  int group, per_lane;
-};
-
-inline TeamShape attention_team(int64_t vectors) {
-  int group = kAttentionMinTeam;
-  while (group < 32 && group < vectors) group *= 2;
-  int per_lane = 1;
-  while (static_cast<int64_t>(group) * per_lane < vectors) per_lane *= 2;
-  return {group, per_lane};
-}
-
-// A lane's NV vectors of a row: vectors lane + u * group, u < NV, those below `vectors`.
-template <typename T, int VEC, int NV>
-struct LaneRow {
-  using A = accum_t<T>;
-  A x[NV][VEC];
-
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int u = 0; u < NV; ++u)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) x[u][j] = 0;
-  }
-
-  __device__ __forceinline__ A at(int u, int c) const { return x[u][c]; }
-};
-
-template <int NV>
-__device__ __forceinline__ bool lane_has(const Team& t, int vectors, int u) {
-  return t.lane + u * t.group < vectors;
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ const T* lane_vec(const T* row, const Team& t, int u) {
-  return row + (t.lane + u * t.group) * VEC;
-}
-
-// The bits of a vector of VEC elements of T, in 32-bit words (one 16-bit word for a single half
-// type element). Rows are held as these words: held as elements, bfloat16 rows took one register
-// per 16-bit element, twice the registers, and spilled.
-template <typename T, int VEC>
-struct VecBits {
-  static constexpr int kBytes = sizeof(T) * VEC;
-  using Word = std::conditional_t<kBytes >= 4, uint32_t, uint16_t>;
-  Word w[kBytes / sizeof(Word)];
-};
-
-// A vector's bits through the read-only data cache: the kernels never write the tables they gather
-// from, and the compiler does not infer that by itself here (the plain loads stayed ld.global).
-template <typename T, int VEC>
-__device__ __forceinline__ VecBits<T, VEC> load_bits_ro(const T* p) {
-  constexpr int kBytes = VecBits<T, VEC>::kBytes;
-  VecBits<T, VEC> b;
-  if constexpr (kBytes == 16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    b.w[0] = v.x, b.w[1] = v.y, b.w[2] = v.z, b.w[3] = v.w;
-  } else if constexpr (kBytes == 8) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-    b.w[0] = v.x, b.w[1] = v.y;
-  } else if constexpr (kBytes == 4) {
-    b.w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
-  } else {
-    static_assert(kBytes == 2, "vectors of 2, 4, 8 or 16 bytes");
-    b.w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
-  }
-  return b;
-}
-
-// Element c of a vector, widened to the accumulation type (exactly).
-template <typename T, int VEC>
-__device__ __forceinline__ accum_t<T> widen(const VecBits<T, VEC>& b, int c) {
-  if constexpr (std::is_same_v<T, float>) {
-    return __uint_as_float(b.w[c]);
-  } else if constexpr (std::is_same_v<T, double>) {
-    return __hiloint2double(static_cast<int>(b.w[2 * c + 1]), static_cast<int>(b.w[2 * c]));
-  } else if constexpr (VecBits<T, VEC>::kBytes >= 4) {
-    typename Pair<T>::type pair;  // half types: the element's half of its pair's word
-    memcpy(&pair, &b.w[c / 2], sizeof(pair));
-    const float2 f = to_float2(pair);
-    return c % 2 == 0 ? f.x : f.y;
-  } else {
-    T x;
-    memcpy(&x, &b.w[0], sizeof(x));
-    return to_accum(x);
-  }
-}
-
-// Raw vectors of a row, as loaded (widened where used, so that loads of several edges issue
-// together and half types keep half the registers).
-template <typename T, int VEC, int NV>
-struct RawRow {
-  VecBits<T, VEC> x[NV];
-
-  // The lane's vectors of row; zeros for those it does not hold, and all zeros for a null row. Every
-  // path sets every register: a vector left as it was would keep its registers live from one batch
-  // (and unit) to the next, through the rest of the loop.
-  __device__ __forceinline__ void load(const T* row, const Team& t, int vectors) {
-    const VecBits<T, VEC> zero{};
-#pragma unroll
-    for (int u = 0; u < NV; ++u)
-      x[u] = row != nullptr && lane_has<NV>(t, vectors, u) ? load_bits_ro<T, VEC>(lane_vec<T, VEC>(row, t, u)) : zero;
-  }
-
-  // Element c of vector u, widened.
-  __device__ __forceinline__ accum_t<T> at(int u, int c) const { return widen(x[u], c); }
-};
-
-// Element c of vector u of raw (+ extra when add_extra), in the accumulation type.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ accum_t<T> widened(const RawRow<T, VEC, NV>& raw, const RawRow<T, VEC, NV>& extra,
-                                              bool add_extra, int u, int c) {
-  accum_t<T> value = raw.at(u, c);
-  if (add_extra) value += extra.at(u, c);
-  return value;
-}
-
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void load_widened(LaneRow<T, VEC, NV>& out, const T* row, const Team& t, int vectors) {
-  RawRow<T, VEC, NV> raw;
-  raw.load(row, t, vectors);
-#pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    const bool has = lane_has<NV>(t, vectors, u);
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) out.x[u][c] = has ? raw.at(u, c) : accum_t<T>(0);
-  }
-}
-
-// This lane's part of <x, raw (+ extra)> over the vectors below `vectors`; x a LaneRow, or a RawRow
-// widened element by element (the same values, without holding them widened).
-template <typename X, typename T, int VEC, int NV>
-__device__ __forceinline__ accum_t<T> lane_dot(const X& x, const RawRow<T, VEC, NV>& raw,
-                                               const RawRow<T, VEC, NV>& extra, bool add_extra, const Team& t,
-                                               int vectors) {
-  accum_t<T> acc = 0;
-#pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    if (!lane_has<NV>(t, vectors, u)) continue;
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) acc = fma_accum(x.at(u, c), widened(raw, extra, add_extra, u, c), acc);
-  }
-  return acc;
-}
-
-// acc += g * (raw (+ extra)) over the vectors below `vectors`.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void add_scaled(LaneRow<T, VEC, NV>& acc, accum_t<T> g, const RawRow<T, VEC, NV>& raw,
-                                           const RawRow<T, VEC, NV>& extra, bool add_extra, const Team& t,
-                                           int vectors) {
-#pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    if (!lane_has<NV>(t, vectors, u)) continue;
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) acc.x[u][c] = fma_accum(g, widened(raw, extra, add_extra, u, c), acc.x[u][c]);
-  }
-}
-
-// This lane's part of <x, y>; lanes without a vector hold zeros there.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ accum_t<T> lane_dot(const LaneRow<T, VEC, NV>& x, const LaneRow<T, VEC, NV>& y) {
-  accum_t<T> acc = 0;
-#pragma unroll
-  for (int u = 0; u < NV; ++u)
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc = fma_accum(x.x[u][j], y.x[u][j], acc);
-  return acc;
-}
-
-// acc *= c.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void scale_row(LaneRow<T, VEC, NV>& acc, accum_t<T> c) {
-#pragma unroll
-  for (int u = 0; u < NV; ++u)
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) acc.x[u][j] *= c;
-}
-
-// row = a * x + b * y (y only when use_y), written as T over the lane's vectors.
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void store_combination(T* row, const Team& t, int vectors, accum_t<T> a,
-                                                  const LaneRow<T, VEC, NV>& x, accum_t<T> b,
-                                                  const LaneRow<T, VEC, NV>& y, bool use_y) {
-#pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    if (!lane_has<NV>(t, vectors, u)) continue;
-    Vec<T, VEC> out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      accum_t<T> value = a * x.x[u][j];
-      if (use_y) value = fma_accum(b, y.x[u][j], value);
-      out.v[j] = from_accum<T>(value);
-    }
-    *reinterpret_cast<Vec<T, VEC>*>(row + (t.lane + u * t.group) * VEC) = out;
-  }
-}
-
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void store_zero_row(T* row, const Team& t, int vectors) {
-  Vec<T, VEC> zero;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) zero.v[j] = from_accum<T>(accum_t<T>(0));
-#pragma unroll
-  for (int u = 0; u < NV; ++u)
-    if (lane_has<NV>(t, vectors, u)) *reinterpret_cast<Vec<T, VEC>*>(row + (t.lane + u * t.group) * VEC) = zero;
-}
-
-template <typename T, int VEC, int NV>
-__device__ __forceinline__ void store_row(T* row, const Team& t, int vectors, accum_t<T> a,
-                                          const LaneRow<T, VEC, NV>& x) {
-  store_combination(row, t, vectors, a, x, a, x, false);
-}
 
 // alpha' / alpha for head h of edge e: 1 without dropout, else keep / (1 - p), the element hashed
 // being e * heads + h; key from unpack_dropout_key.
@@ -412,9 +145,11 @@ __device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const 
     }
     w.bad = !partition;
     if (g.order == nullptr && partition) {
-      // The row's range must hold all its edges: the positions just outside it are other rows'.
+      // The row's range must lie in [0, num_edges] and hold all its edges: the positions just
+      // outside it are other rows'. Only positions inside the edges are read.
       const int64_t first = g.offsets[w.row], last = g.offsets[w.row + 1];
-      w.bad = last < first || (first > 0 && load_index(g.row_idx, g.row_index, first - 1) == w.row) ||
+      w.bad = first < 0 || last < first || last > num_edges ||
+              (first > 0 && load_index(g.row_idx, g.row_index, first - 1) == w.row) ||
               (last < num_edges && load_index(g.row_idx, g.row_index, last) == w.row);
     }
     f(w);
@@ -465,7 +200,7 @@ __device__ __forceinline__ void store_partial(accum_t<T>* row, const Team& t, in
   }
 }
 
-// The merges of long rows' partials (csrc/attention_merge.cu), after the kernel that wrote them:
+// The merges of long rows' partials (merge.cu), after the kernel that wrote them:
 // softmax: part [slots, heads, dim] unnormalised outputs and part_ml [slots, heads, 2] their (max,
 // sum), into out [rows, heads, dim] and lse [rows, heads]; sum: part summed into out.
 template <typename T>
@@ -486,32 +221,378 @@ inline bool attention_vectorizable(std::initializer_list<std::pair<const Rows*, 
   return true;
 }
 
-// Calls f(integral_constant VEC, integral_constant NV, bool_constant has_edge_feat) with the
+// Calls f(integral_constant VEC, integral_constant NV, bool_constant has_edge) with the
 // smallest NV >= per_lane, up to what kAttentionMaxDim needs at this vector width (32 lanes of NV
 // vectors of VEC elements).
 template <int VEC, int NV, typename F>
-inline void dispatch_per_lane(int per_lane, bool has_edge_feat, F&& f) {
+inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
   if constexpr (NV * 32 * VEC < kAttentionMaxDim) {
     if (per_lane > NV) {
-      dispatch_per_lane<VEC, 2 * NV>(per_lane, has_edge_feat, f);
+      dispatch_per_lane<VEC, 2 * NV>(per_lane, has_edge, f);
       return;
     }
   }
-  if (has_edge_feat) {
+  if (has_edge) {
     f(std::integral_constant<int, VEC>{}, std::integral_constant<int, NV>{}, std::true_type{});
   } else {
     f(std::integral_constant<int, VEC>{}, std::integral_constant<int, NV>{}, std::false_type{});
   }
 }
 
-// The same for 16-byte vectors when `vectorized`, else single elements.
-template <typename T, typename F>
-inline void dispatch_attention(bool vectorized, int per_lane, bool has_edge_feat, F&& f) {
-  if (vectorized) {
-    dispatch_per_lane<wide_vec<T>(), 1>(per_lane, has_edge_feat, f);
-  } else {
-    dispatch_per_lane<1, 1>(per_lane, has_edge_feat, f);
+// ---- The passes ---------------------------------------------------------------------------------
+// A score policy Score (scores.cuh) gives the passes:
+//   Inputs, ForwardArgs, BackwardArgs: its argument structs (edgedot.h); num_dst, num_src, dim_v
+//     (the value rows' width), team_dim (the widest row a team holds) and has_edge of its inputs;
+//     vectorizable<T>(args): whether every row of a pass moves as 16-byte vectors;
+//   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows;
+//   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
+//   Dst<T, VEC, NV, kEdge, B>: a destination's side of its edges' scores (forward and dst pass):
+//     begin(in, t, n, h); load<kValues>(in, t, edges, h) (the values' rows only with kValues);
+//     score(j, t); add_value(acc, p, j, t); value_dot(dout, j, t); and the dst pass's gradients:
+//     zero_grads(), edge_grads(args), edge_grad_width(in), zero_edge_grad(row, t),
+//     add_grads(j, ds, alpha', dout, edge_row, t), store_grads(args, unit, t);
+//   Src<T, VEC, NV, kEdge, B>: a source's side (src pass): begin, load(in, t, edges, h), score,
+//     value_dot(grad_out row, j, t), zero_grads, add_grads(j, ds, alpha', grad_out row, t),
+//     store_grads;
+//   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
+// Every pass computes a score with the same operations in the same order and the same team shape,
+// so the backward's alpha = exp(score - lse) is the forward's softmax.
+
+// Blocks per SM the passes are built for: 3 (80 registers a thread) where that leaves the batches
+// below without spills; 2 (128 registers) for heavy scores or 8 vectors a lane; 1 for double,
+// whose values take two registers each.
+template <typename T, int NV, bool kHeavy>
+constexpr int kBlocksPerSM = sizeof(T) == 8 ? 1 : kHeavy || NV == 8 ? 2 : 3;
+
+// Edges in flight per team: each lane loads the rows of this many edges before it adds any, since
+// the gather is latency-bound; fewer when a lane holds more vectors of each row, and fewer for
+// types whose widened values take more registers (half types, double) or for heavy scores.
+template <typename T, int NV, bool kHeavy>
+constexpr int kEdgeBatch = std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 || kHeavy ? 2 : 3) / NV);
+
+template <class Score, typename T, int NV, bool kEdge>
+constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
+
+// One team of lanes per (destination, head) unit (for_each_unit) walks the destination's edges with
+// an online softmax; no per-edge row ever reaches memory. The softmax state (m, l) is the same bits
+// on every lane (Team::sum), so branches on it are uniform. An edge whose source is out of range
+// makes its destination NaN, and so does a destination whose edges all score -inf, or a score of
+// NaN or +inf. A whole row writes its output and lse; a chunk of a long row writes its unnormalised
+// output and (m, l) to its slot. The alpha pass (after out and lse are final) recomputes each score
+// and writes alpha; edges whose destination is out of range lie past offsets[num_dst]: NaN.
+template <class Score, typename T, int VEC, int NV, bool kEdge>
+__global__ void __launch_bounds__(kBlockThreads, kScoreBlocksPerSM<Score, T, NV, kEdge>)
+attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pass) {
+  using A = accum_t<T>;
+  constexpr int B = Score::template kForwardBatch<T, NV, kEdge>;
+  const auto& in = a.in;
+  const Team t(group);
+  const int vvec = static_cast<int>(Score::dim_v(in) / VEC);
+  const int64_t num_dst = Score::num_dst(in), num_src = Score::num_src(in), heads = in.heads;
+  const A inf = static_cast<A>(INFINITY), nan = static_cast<A>(NAN);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  T* out = static_cast<T*>(a.out);
+  A* lse_out = static_cast<A*>(a.lse);
+  T* alpha = static_cast<T*>(a.alpha);
+  typename Score::template Dst<T, VEC, NV, kEdge, B> side(in);
+  int64_t h = 0;
+
+  if (alpha_pass) {
+    for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                  [&](const WorkUnit& w) {
+      h = w.head;
+      side.begin(in, t, w.row, h);
+      const A lse = lse_out[int64_t{w.row} * heads + h];
+      walk_edges<B>(
+          a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
+          [&](const GroupedEdge (&e)[B]) { side.template load<false>(in, t, e, h); },
+          [&](const GroupedEdge (&e)[B], int64_t i) {
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+              const A s = e[j].other < 0 ? nan : side.score(j, t);
+              if (i + j < w.end && t.lane == (j & (group - 1)) && e[j].edge >= 0) {
+                alpha[e[j].edge * heads + h] = from_accum<T>(w.bad ? nan : accurate_exp(s - lse));
+              }
+            }
+          });
+    });
+    if (a.dst.order == nullptr) return;  // edges given grouped lie in some destination's range
+    const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
+    for (int64_t x = thread; x < (in.num_edges - tail) * heads; x += threads) {
+      const int64_t e = a.dst.order[tail + x / heads];
+      if (in_range(e, in.num_edges)) alpha[e * heads + x % heads] = from_accum<T>(nan);
+    }
+    return;
+  }
+
+  // This pass records the dropout (seed, offset) for the backward (the alpha pass draws no mask).
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    h = w.head;
+    side.begin(in, t, w.row, h);
+    LaneRow<T, VEC, NV> acc;
+    acc.zero();
+    A m = -inf, l = 0;
+    bool bad = w.bad;
+    walk_edges<B>(
+        a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
+        [&](const GroupedEdge (&e)[B]) { side.template load<true>(in, t, e, h); },
+        [&](const GroupedEdge (&e)[B], int64_t i) {
+          A s[B];
+          A m_new = m;
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            s[j] = e[j].other < 0 ? nan : side.score(j, t);
+            if (i + j < w.end && !(s[j] == s[j])) bad = true;  // also catches NaN from the inputs
+            if (s[j] > m_new) m_new = s[j];
+          }
+          if (m_new == -inf) return;  // no edge of the batch adds anything
+          const A correction = accurate_exp(m - m_new);  // 0 on the first edge (m = -inf)
+          l *= correction;
+          scale_row(acc, correction);
+          m = m_new;
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (!(s[j] > -inf)) continue;  // NaN, -inf, or past the end
+            const A p = accurate_exp(s[j] - m);
+            l += p;
+            side.add_value(acc, p * keep_weight<A>(in.dropout, key, e[j].edge, h, heads), j, t);
+          }
+        });
+    // A score of +inf makes l NaN (inf - inf), in a chunk as in a whole row.
+    if (!(l == l)) bad = true;
+    const int64_t unit = int64_t{w.row} * heads + h;
+    const int64_t dim_v = Score::dim_v(in);
+    if (w.slot >= 0) {  // a chunk of a long row: its partial result
+      const int64_t part = int64_t{w.slot} * heads + h;
+      store_partial(static_cast<A*>(a.part_acc) + part * dim_v, t, vvec, acc);
+      if (t.lane == 0) {
+        static_cast<A*>(a.part_ml)[2 * part] = bad ? nan : m;
+        static_cast<A*>(a.part_ml)[2 * part + 1] = l;
+      }
+      return;
+    }
+    // A destination with edges that all score -inf has no softmax: NaN, as in PyTorch.
+    if (w.end > w.begin && !(l > 0)) bad = true;
+    T* out_row = out + unit * dim_v;
+    if (bad) {
+      store_row(out_row, t, vvec, nan, acc);
+    } else if (l > 0) {
+      store_row(out_row, t, vvec, A(1) / l, acc);
+    } else {
+      store_zero_row<T, VEC, NV>(out_row, t, vvec);
+    }
+    if (t.lane == 0) lse_out[unit] = bad ? nan : l > 0 ? m + accurate_log(l) : -inf;
+  });
+}
+
+// The backward's destination pass, by recomputation from lse: a team per (n, h) unit writes delta =
+// <grad_out, out>, the destination's own gradients and each edge's gradient (the score's), without
+// atomics. Per edge: ds = alpha * (<grad_out, value> * w - delta), w = keep / (1 - p)
+// (keep_weight), alpha' = alpha * w. An edge whose alpha is exactly 0 (a -inf score) or whose
+// source is out of range adds nothing, and its edge gradient is zero. A chunk of a long row writes
+// its partial gradients to its slot.
+template <class Score, typename T, int VEC, int NV, bool kEdge>
+__global__ void __launch_bounds__(kBlockThreads, kScoreBlocksPerSM<Score, T, NV, kEdge>)
+attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
+  using A = accum_t<T>;
+  constexpr int B = Score::template kDstBatch<T, NV, kEdge>;
+  using Dst = typename Score::template Dst<T, VEC, NV, kEdge, B>;
+  const auto& in = a.in;
+  const Team t(group);
+  const int vvec = static_cast<int>(Score::dim_v(in) / VEC);
+  const int64_t num_dst = Score::num_dst(in), num_src = Score::num_src(in), heads = in.heads;
+  const int64_t edge_width = Dst::edge_grad_width(in);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const A* lse_in = static_cast<const A*>(a.lse);
+  A* delta_out = static_cast<A*>(a.delta);
+  T* edge_grads = Dst::edge_grads(a);
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
+
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    const int64_t n = w.row, h = w.head, unit = n * heads + h;
+    Dst side(in);
+    side.begin(in, t, n, h);
+    LaneRow<T, VEC, NV> dout;
+    load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
+    A delta;
+    {
+      LaneRow<T, VEC, NV> out;
+      load_widened(out, row_head<T>(a.out, n, h), t, vvec);
+      delta = t.sum(lane_dot(dout, out));
+    }
+    if (w.lead && t.lane == 0) delta_out[unit] = delta;
+    const A lse = lse_in[unit];
+    side.zero_grads();
+    walk_edges<B>(
+        a.dst, in.num_edges, num_src, t, n, w.begin, w.end,
+        [&](const GroupedEdge (&e)[B]) { side.template load<true>(in, t, e, h); },
+        [&](const GroupedEdge (&e)[B], int64_t i) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (i + j >= w.end) break;
+            T* edge_row = edge_grads != nullptr && e[j].edge >= 0 ? edge_grads + (e[j].edge * heads + h) * edge_width
+                                                                  : nullptr;
+            const A s = e[j].other >= 0 ? side.score(j, t) : A(0);
+            const A alpha = accurate_exp(s - lse);
+            if (e[j].other < 0 || alpha == A(0)) {
+              if (edge_row != nullptr) side.zero_edge_grad(edge_row, t);
+              continue;
+            }
+            const A dp = t.sum(side.value_dot(dout, j, t));
+            const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
+            const A ds = alpha * (dp * keep - delta);
+            side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
+          }
+        });
+    side.store_grads(a, w, unit, t);
+  });
+
+  if (edge_grads == nullptr || a.dst.order == nullptr) return;  // edges given grouped all lie in some row
+  // Edges whose destination is out of range (only without index checks) add nothing.
+  const int64_t tail = clamp_position(a.dst.offsets[num_dst], in.num_edges);
+  const int64_t row_elems = heads * edge_width;
+  for (int64_t x = thread; x < (in.num_edges - tail) * row_elems; x += threads) {
+    const int64_t e = a.dst.order[tail + x / row_elems];
+    if (in_range(e, in.num_edges)) edge_grads[e * row_elems + x % row_elems] = from_accum<T>(A(0));
   }
 }
+
+// The backward's source pass, reading the dst pass's delta: a team per (s, h) unit walks the
+// source's outgoing edges, each destination's grad_out row, lse and delta in flight, and writes the
+// source's gradients without atomics. A chunk of a long row writes its partial gradients to its slot.
+template <class Score, typename T, int VEC, int NV, bool kEdge>
+__global__ void __launch_bounds__(kBlockThreads, kScoreBlocksPerSM<Score, T, NV, kEdge>)
+attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
+  using A = accum_t<T>;
+  constexpr int B = Score::template kSrcBatch<T, NV, kEdge>;
+  using Src = typename Score::template Src<T, VEC, NV, kEdge, B>;
+  const auto& in = a.in;
+  const Team t(group);
+  const int vvec = static_cast<int>(Score::dim_v(in) / VEC);
+  const int64_t num_dst = Score::num_dst(in), num_src = Score::num_src(in), heads = in.heads;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const A* lse_in = static_cast<const A*>(a.lse);
+  const A* delta_in = static_cast<const A*>(a.delta);
+  const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
+
+  for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
+                [&](const WorkUnit& w) {
+    const int64_t s = w.row, h = w.head, unit = s * heads + h;
+    Src side(in);
+    side.begin(in, t, s, h);
+    side.zero_grads();
+    RawRow<T, VEC, NV> gr[B];
+    A lse[B], delta[B];
+    walk_edges<B>(
+        a.src, in.num_edges, num_dst, t, s, w.begin, w.end,
+        [&](const GroupedEdge (&e)[B]) {
+          side.load(in, t, e, h);
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            const bool ok = e[j].other >= 0;
+            const int64_t n = e[j].other;
+            gr[j].load(ok ? row_head<T>(a.grad_out, n, h) : nullptr, t, vvec);
+            lse[j] = ok ? __ldg(lse_in + n * heads + h) : A(0);
+            delta[j] = ok ? __ldg(delta_in + n * heads + h) : A(0);
+          }
+        },
+        [&](const GroupedEdge (&e)[B], int64_t) {
+#pragma unroll
+          for (int j = 0; j < B; ++j) {
+            if (e[j].other < 0) continue;  // past the end, or an out-of-range destination: adds nothing
+            const A alpha = accurate_exp(side.score(j, t) - lse[j]);
+            if (alpha == A(0)) continue;  // a -inf score adds nothing
+            const A dp = t.sum(side.value_dot(gr[j], j, t));
+            const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
+            side.add_grads(j, alpha * (dp * keep - delta[j]), alpha * keep, gr[j], t);
+          }
+        });
+    side.store_grads(a, w, unit, t);
+  });
+}
+
+// Calls f(integral_constant VEC, integral_constant NV, bool_constant kEdge, group) for the
+// inputs' team shape; the passes of one call take the same shape when `vectorized` agrees.
+template <class Score, typename T, typename F>
+inline void dispatch_score(const typename Score::Inputs& in, bool vectorized, F&& f) {
+  const int vec = vectorized ? wide_vec<T>() : 1;
+  const TeamShape shape = attention_team(Score::team_dim(in) / vec);
+  auto call = [&](auto v, auto nv, auto edge) { f(v, nv, edge, shape.group); };
+  if (vectorized) {
+    dispatch_per_lane<wide_vec<T>(), 1>(shape.per_lane, Score::has_edge(in), call);
+  } else {
+    dispatch_per_lane<1, 1>(shape.per_lane, Score::has_edge(in), call);
+  }
+}
+
+// out, lse (and alpha) of a score's attention over the dst grouping; every element written.
+template <class Score>
+void launch_forward(const typename Score::ForwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    using A = accum_t<T>;
+    const auto& in = a.in;
+    dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
+      auto kernel = attention_forward_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
+      auto run = [&](bool alpha_pass) {
+        int64_t threads = (Score::num_dst(in) + a.dst_chunks.max_slots) * in.heads * group +
+                          (alpha_pass ? in.num_edges : 0);
+        // Without rows the main pass still runs a thread when it must record the dropout state.
+        if (threads == 0 && (alpha_pass || in.dropout.rng.record == nullptr)) return;
+        threads = std::max<int64_t>(threads, 1);
+        kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group, alpha_pass);
+      };
+      run(false);
+      if (a.dst_chunks.first_chunk != nullptr) {
+        launch_merge_softmax<T>(a.dst_chunks, in.heads, Score::dim_v(in), static_cast<const A*>(a.part_acc),
+                                static_cast<const A*>(a.part_ml), static_cast<T*>(a.out), static_cast<A*>(a.lse),
+                                stream);
+      }
+      if (a.alpha != nullptr) run(true);
+    });
+  });
+}
+
+// The dst pass (delta, the destinations' and the edges' gradients) and its merges.
+template <class Score>
+void launch_backward_dst(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    const auto& in = a.in;
+    dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
+      auto kernel =
+          attention_backward_dst_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
+      const int64_t threads = (Score::num_dst(in) + a.dst_chunks.max_slots) * in.heads * group +
+                              (Score::edge_grads_wanted(a) ? in.num_edges : 0);
+      if (threads == 0) return;
+      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+    });
+    if (a.dst_chunks.first_chunk != nullptr) Score::template merge_dst<T>(a, stream);
+  });
+}
+
+// The src pass (the sources' gradients, reading delta) and its merges.
+template <class Score>
+void launch_backward_src(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    const auto& in = a.in;
+    dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
+      auto kernel =
+          attention_backward_src_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
+      const int64_t threads = (Score::num_src(in) + a.src_chunks.max_slots) * in.heads * group;
+      if (threads == 0) return;
+      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+    });
+    if (a.src_chunks.first_chunk != nullptr) Score::template merge_src<T>(a, stream);
+  });
+}
+
 
 }  // namespace edgedot

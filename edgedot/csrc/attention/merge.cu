@@ -1,4 +1,4 @@
-// The merge of long rows' chunks (for_each_unit in attention.cuh): each chunk of a long row wrote a
+// The merge of long rows' chunks (for_each_unit in engine.cuh): each chunk of a long row wrote a
 // partial result to its slot; here each (long row, head) combines its chunks' partials in chunk
 // order and writes the row's final values. Rows of few chunks take a warp each; rows of many (hubs)
 // take a whole block, whose warps merge interleaved chunks and then combine in warp order. Every
@@ -40,7 +40,7 @@ struct MergeState {
   // Adds a partial (ms, ls, cols) where cols[i] is column lane + 32 * i.
   __device__ __forceinline__ void add(A ms, A ls, const A (&cols)[kMergeCols], int dim, int lane) {
     if constexpr (kSoftmax) {
-      if (!(ms == ms)) bad = true;
+      if (!(ms == ms) || !(ls == ls)) bad = true;
       if (!(ls > 0)) return;  // a chunk whose edges all scored -inf (or NaN, flagged above)
       const A m_new = ms > m ? ms : m;
       const A a = accurate_exp(m - m_new), b = accurate_exp(ms - m_new);  // a = 0 while m = -inf
@@ -85,14 +85,15 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A*
 }
 
 // Writes the merged row: softmax: out = acc / l and lse = m + log(l), NaN when a chunk was NaN or
-// every edge scored -inf (a long row has edges); sum: out = acc.
+// every edge scored -inf (a long row has edges); sum: out = acc. NaN either way when the row's
+// slots pass the partial buffers (an inconsistent pointer: its chunks were never computed).
 template <typename T, bool kSoftmax>
 __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax>& s, T* out, accum_t<T>* lse,
                                              int64_t unit, int dim, int lane) {
   using A = accum_t<T>;
   const A nan = static_cast<A>(NAN);
-  const bool bad = kSoftmax && (s.bad || !(s.l > 0));
-  const A factor = kSoftmax ? (bad ? nan : A(1) / s.l) : A(1);
+  const bool bad = s.bad || (kSoftmax && !(s.l > 0));
+  const A factor = bad ? nan : kSoftmax ? A(1) / s.l : A(1);
 #pragma unroll
   for (int i = 0; i < kMergeCols; ++i)
     if (lane + 32 * i < dim) out[unit * dim + lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
@@ -114,7 +115,8 @@ merge_warp_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, c
     if (last - first > kWarpMergeChunks) continue;
     MergeState<accum_t<T>, kSoftmax> s;
     s.init();
-    merge_slots<kWarpMergeBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
+    s.bad = last > c.max_slots;
+    if (!s.bad) merge_slots<kWarpMergeBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
     write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
   }
 }
@@ -154,7 +156,8 @@ merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, 
       const int64_t first = c.first_chunk[hub], last = c.first_chunk[hub + 1];
       MergeState<A, kSoftmax> s;
       s.init();
-      merge_slots<kBlockMergeBatch>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
+      s.bad = last > c.max_slots;
+      if (!s.bad) merge_slots<kBlockMergeBatch>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
 #pragma unroll
       for (int i = 0; i < kMergeCols; ++i)
         if (lane + 32 * i < dim) warp_acc[warp][lane + 32 * i] = s.acc[i];

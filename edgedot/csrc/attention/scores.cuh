@@ -1,161 +1,255 @@
-// Shared by the GAT and GATv2 kernels (csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
-// csrc/gat_backward_src.cu): their scores, built on the graph attention machinery of attention.cuh.
-// Every pass computes a score with the same operations in the same order (and the same team shape),
-// so the backward's alpha = exp(score - lse) matches the forward's softmax.
+// The dot-product score policies of the attention engine (engine.cuh says what a policy gives the
+// passes): per edge e from source s to destination n and head h,
+//   DotScore    (graph attention): scale * <q[n], k[s] + edge_feat[e]>, values v[s] + edge_feat[e];
+//   CosineScore (AGNN): beta[h] * <q[n], k[s]> with q = k = x / |x| (the caller normalises), values
+//               x[s], beta a learned temperature.
+// GAT's and GATv2's are in gat_scores.cuh. A policy holds what its score reads and what its
+// gradients accumulate; the walk, the softmax, dropout, chunks and merges are the engine's.
 #pragma once
 
 #include "attention/engine.cuh"
 
 namespace edgedot {
 
-// Blocks per SM and edges in flight per team. GAT's per-edge extras are scalars, so it takes the
-// budget of graph attention without edge_feat rows; GATv2 holds x_dst and att rows besides the
-// output row, which is the budget of graph attention with edge_feat rows.
-template <typename T, int NV, bool kV2>
-constexpr int kGatBlocksPerSM = kAttentionBlocksPerSM<T, NV, kV2>;
-template <typename T, int NV, bool kV2>
-constexpr int kGatBatch = kAttentionBatch<T, NV, kV2>;
-
-// leaky_relu(z) = z for z > 0, else slope * z; its derivative taken as slope at 0. The product is
-// rounded on its own (scaled_score), never fused into a later subtraction of lse or the maximum.
-template <typename A>
-__device__ __forceinline__ A leaky_relu(A z, A slope) {
-  return z > A(0) ? z : scaled_score(z, slope);
+// Stores a chunk's partial row (slot >= 0) or the row's final value.
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void store_grad_row(const WorkUnit& w, void* part, void* out, int64_t unit, int64_t heads,
+                                               int64_t dim, const Team& t, int vectors,
+                                               const LaneRow<T, VEC, NV>& g) {
+  if (w.slot >= 0) {
+    store_partial(static_cast<accum_t<T>*>(part) + (int64_t{w.slot} * heads + w.head) * dim, t, vectors, g);
+  } else {
+    store_row(static_cast<T*>(out) + unit * dim, t, vectors, accum_t<T>(1), g);
+  }
 }
 
-template <typename A>
-__device__ __forceinline__ A leaky_relu_grad(A z, A slope) {
-  return z > A(0) ? A(1) : slope;
-}
-
-// Element (n, h) of a per-node scalar table (Rows of dim 1), widened.
+// Stores a scalar gradient (the same on every lane) the same way.
 template <typename T>
-__device__ __forceinline__ accum_t<T> load_scalar(const Rows& r, int64_t n, int64_t h) {
-  return to_accum(__ldg(row_head<T>(r, n, h)));
-}
-
-// GATv2's m = (x_src + x_dst) + edge_feat, element c of vector u.
-template <typename A, typename XS, typename XD, typename EF>
-__device__ __forceinline__ A gatv2_m(const XS& xs, const XD& xd, const EF& ef, bool has_ef, int u, int c) {
-  A m = xs.at(u, c) + xd.at(u, c);
-  if (has_ef) m += ef.at(u, c);
-  return m;
-}
-
-// This lane's part of GATv2's score: sum of att * leaky_relu(m) over its vectors.
-template <typename T, int VEC, int NV, typename XS, typename XD>
-__device__ __forceinline__ accum_t<T> gatv2_lane_score(const LaneRow<T, VEC, NV>& att, const XS& xs, const XD& xd,
-                                                       const RawRow<T, VEC, NV>& ef, bool has_ef,
-                                                       accum_t<T> slope, const Team& t, int vectors) {
-  using A = accum_t<T>;
-  A acc = 0;
-#pragma unroll
-  for (int u = 0; u < NV; ++u) {
-    if (!lane_has<NV>(t, vectors, u)) continue;
-#pragma unroll
-    for (int c = 0; c < VEC; ++c)
-      acc = fma_accum(att.at(u, c), leaky_relu(gatv2_m<A>(xs, xd, ef, has_ef, u, c), slope), acc);
+__device__ __forceinline__ void store_grad_scalar(const WorkUnit& w, void* part, void* out, int64_t unit,
+                                                  int64_t heads, const Team& t, accum_t<T> g) {
+  if (t.lane != 0) return;
+  if (w.slot >= 0) {
+    static_cast<accum_t<T>*>(part)[int64_t{w.slot} * heads + w.head] = g;
+  } else {
+    static_cast<T*>(out)[unit] = from_accum<T>(g);
   }
-  return acc;
 }
 
-// GATv2's dm = dscore * att * leaky_relu'(m) for one element.
-template <typename A>
-__device__ __forceinline__ A gatv2_dm(A ds, A att, A m, A slope) {
-  return ds * (att * leaky_relu_grad(m, slope));
-}
+// ---- graph attention ----------------------------------------------------------------------------
+struct DotScore {
+  using Inputs = AttentionInputs;
+  using ForwardArgs = AttentionForwardArgs;
+  using BackwardArgs = AttentionBackwardArgs;
 
-// The destination side of a unit (n, h), as the forward and the backward's dst pass see it: what
-// the score needs from n (GAT: a_dst; GATv2: x_dst and att rows) and from a batch of B edges
-// (GAT: a_src and a_edge; GATv2: edge_feat rows); the source rows x come from the caller.
-// kEdge: a_edge (GAT) or edge_feat (GATv2) is present. Members a model does not use are never
-// touched and take no registers.
-template <typename T, int VEC, int NV, bool kV2, bool kEdge, int B>
-struct GatDstSide {
-  using A = accum_t<T>;
-  A ad;
-  A as[B], ae[B];
-  LaneRow<T, VEC, NV> xd, att;
-  RawRow<T, VEC, NV> er[B];
+  __host__ __device__ static int64_t num_dst(const Inputs& in) { return in.q.num_rows; }
+  __host__ __device__ static int64_t num_src(const Inputs& in) { return in.k.num_rows; }
+  __host__ __device__ static int64_t dim_v(const Inputs& in) { return in.dim_v; }
+  static int64_t team_dim(const Inputs& in) { return in.dim > in.dim_v ? in.dim : in.dim_v; }
+  static bool has_edge(const Inputs& in) { return in.edge_feat.data != nullptr; }
+  static bool edge_grads_wanted(const BackwardArgs& a) { return a.d_edge_feat != nullptr; }
 
-  __device__ __forceinline__ void begin(const GatInputs& in, const Team& t, int vectors, int64_t n, int64_t h) {
-    if constexpr (kV2) {
-      load_widened(xd, row_head<T>(in.x_dst, n, h), t, vectors);
-      load_widened(att, row_head<T>(in.att, 0, h), t, vectors);
-    } else {
-      ad = load_scalar<T>(in.a_dst, n, h);
+  template <bool kEdge>
+  static constexpr bool kHeavy = kEdge;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
+  // One edge for float32 rows of two vectors a lane: more spilled.
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kDstBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kEdgeBatch<T, NV, kEdge>;
+  // The src pass holds lse and delta besides the rows: one edge fewer without edge_feat.
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kSrcBatch = kEdge ? kDstBatch<T, NV, true> : std::max(1, kDstBatch<T, NV, false> - 1);
+
+  template <typename T>
+  static bool vectorizable(const ForwardArgs& a) {
+    const Inputs& in = a.in;
+    return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim}},
+                                     {a.out});
+  }
+  template <typename T>
+  static bool vectorizable(const BackwardArgs& a) {
+    const Inputs& in = a.in;
+    return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim},
+                                      {&a.grad_out, in.dim_v}, {&a.out, in.dim_v}},
+                                     {a.dq, a.dk, a.dv, a.d_edge_feat});
+  }
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Dst {
+    using A = accum_t<T>;
+    const int dvec, vvec;
+    A scale;
+    LaneRow<T, VEC, NV> q, dq;
+    RawRow<T, VEC, NV> kr[B], vr[B], er[B];
+
+    __device__ __forceinline__ explicit Dst(const Inputs& in)
+        : dvec(static_cast<int>(in.dim / VEC)), vvec(static_cast<int>(in.dim_v / VEC)), scale(static_cast<A>(in.scale)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t n, int64_t h) {
+      load_widened(q, row_head<T>(in.q, n, h), t, dvec);
     }
-  }
 
-  // The batch's per-edge inputs; edges whose rows do not exist (other < 0) get zeros.
-  __device__ __forceinline__ void load(const GatInputs& in, const Team& t, int vectors, const GroupedEdge (&e)[B],
-                                       int64_t h) {
+    template <bool kValues>
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      const bool ok = e[j].other >= 0;
-      if constexpr (kV2) {
-        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vectors);
-      } else {
-        as[j] = ok ? load_scalar<T>(in.a_src, e[j].other, h) : A(0);
-        if constexpr (kEdge) ae[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        kr[j].load(ok ? row_head<T>(in.k, e[j].other, h) : nullptr, t, dvec);
+        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
+      }
+      if constexpr (kValues) {
+#pragma unroll
+        for (int j = 0; j < B; ++j) vr[j].load(e[j].other >= 0 ? row_head<T>(in.v, e[j].other, h) : nullptr, t, vvec);
       }
     }
-  }
 
-  // GAT's z = (a_src + a_dst) + a_edge of edge j.
-  __device__ __forceinline__ A logit(int j) const {
-    A z = as[j] + ad;
-    if constexpr (kEdge) z += ae[j];
-    return z;
-  }
-
-  // Edge j's score, x its source row (read by GATv2 only); the same bits on every lane of the team.
-  __device__ __forceinline__ A score(int j, const RawRow<T, VEC, NV>& x, A slope, const Team& t, int vectors) const {
-    if constexpr (kV2) {
-      return t.sum(gatv2_lane_score(att, x, xd, er[j], kEdge, slope, t, vectors));
-    } else {
-      return leaky_relu(logit(j), slope);
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return scaled_score(t.sum(lane_dot(q, kr[j], er[j], kEdge, t, dvec)), scale);
     }
+    __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
+      add_scaled(acc, p, vr[j], er[j], kEdge, t, vvec);
+    }
+    __device__ __forceinline__ A value_dot(const LaneRow<T, VEC, NV>& dout, int j, const Team& t) const {
+      return lane_dot(dout, vr[j], er[j], kEdge, t, vvec);
+    }
+
+    __device__ __forceinline__ void zero_grads() { dq.zero(); }
+    __device__ __forceinline__ static T* edge_grads(const BackwardArgs& a) {
+      return kEdge ? static_cast<T*>(a.d_edge_feat) : nullptr;
+    }
+    __device__ __forceinline__ static int64_t edge_grad_width(const Inputs& in) { return in.dim; }
+    __device__ __forceinline__ void zero_edge_grad(T* row, const Team& t) const {
+      store_zero_row<T, VEC, NV>(row, t, dvec);
+    }
+    // dq += scale * ds * (k + edge_feat); d_edge_feat = scale * ds * q + alpha' * grad_out.
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const LaneRow<T, VEC, NV>& dout, T* edge_row,
+                                              const Team& t) {
+      add_scaled(dq, scale * ds, kr[j], er[j], kEdge, t, dvec);
+      if (edge_row != nullptr) store_combination(edge_row, t, dvec, scale * ds, q, alpha_keep, dout, true);
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dq, a.dq, unit, a.in.heads, a.in.dim, t, dvec, dq);
+    }
+  };
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src {
+    using A = accum_t<T>;
+    const int dvec, vvec;
+    A scale;
+    RawRow<T, VEC, NV> k, v;
+    LaneRow<T, VEC, NV> dk, dv;
+    RawRow<T, VEC, NV> qr[B], er[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in)
+        : dvec(static_cast<int>(in.dim / VEC)), vvec(static_cast<int>(in.dim_v / VEC)), scale(static_cast<A>(in.scale)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      k.load(row_head<T>(in.k, s, h), t, dvec);
+      v.load(row_head<T>(in.v, s, h), t, vvec);
+    }
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        qr[j].load(ok ? row_head<T>(in.q, e[j].other, h) : nullptr, t, dvec);
+        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
+      }
+    }
+    // The forward's score: q widened, k + edge_feat widened element by element.
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return scaled_score(t.sum(lane_dot(qr[j], k, er[j], kEdge, t, dvec)), scale);
+    }
+    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int j, const Team& t) const {
+      return lane_dot(gr, v, er[j], kEdge, t, vvec);
+    }
+    __device__ __forceinline__ void zero_grads() {
+      dk.zero();
+      dv.zero();
+    }
+    // dk += scale * ds * q; dv += alpha' * grad_out.
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr, const Team&) {
+      const A g = scale * ds;
+#pragma unroll
+      for (int u = 0; u < NV; ++u)
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          dk.x[u][c] = fma_accum(g, qr[j].at(u, c), dk.x[u][c]);
+          dv.x[u][c] = fma_accum(alpha_keep, gr.at(u, c), dv.x[u][c]);
+        }
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dk, a.dk, unit, a.in.heads, a.in.dim, t, dvec, dk);
+      store_grad_row(w, a.part_dv, a.dv, unit, a.in.heads, a.in.dim_v, t, vvec, dv);
+    }
+  };
+
+  template <typename T>
+  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
+    launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq),
+                        static_cast<T*>(a.dq), stream);
+  }
+  template <typename T>
+  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
+    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk),
+                        static_cast<T*>(a.dk), stream);
+    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv),
+                        static_cast<T*>(a.dv), stream);
   }
 };
 
-// Whether every row the kernels read or write as rows can move as 16-byte vectors of T.
-template <typename T>
-inline bool gat_vectorizable(const GatInputs& in, std::initializer_list<std::pair<const Rows*, int64_t>> more,
-                             std::initializer_list<const void*> outputs) {
-  if (!attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim}},
-                                 outputs)) {
-    return false;
+// ---- AGNN ---------------------------------------------------------------------------------------
+// The dot score under a learned per-head scale (scale_heads, AGNN's beta) of rows the caller
+// normalised: q = k = x / |x| make <q, k> the cosine. The dst pass also sums, per unit, ds times
+// the unscaled dot product: the scale's gradient once summed over rows.
+struct CosineScore : DotScore {
+  template <typename T>
+  __device__ __forceinline__ static accum_t<T> head_scale(const Inputs& in, int64_t h) {
+    return to_accum(__ldg(static_cast<const T*>(in.scale_heads) + h));
   }
-  for (const auto& [r, dim] : more)
-    if (r->data != nullptr && !rows_vectorizable<T>(*r, dim)) return false;
-  return true;
-}
 
-// The same for both passes of the backward, so that they take one team shape.
-template <typename T>
-inline bool gat_backward_vectorizable(const GatBackwardArgs& a) {
-  const GatInputs& in = a.in;
-  // GAT's dst_grad and edge_grad are scalars, written one at a time.
-  return gat_vectorizable<T>(in, {{&a.grad_out, in.dim}, {&a.out, in.dim}},
-                             {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_rows, in.v2 ? a.edge_grad : nullptr});
-}
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Dst : DotScore::Dst<T, VEC, NV, kEdge, B> {
+    using Base = DotScore::Dst<T, VEC, NV, kEdge, B>;
+    using A = accum_t<T>;
+    A dscale;  // the same on every lane
 
-// Calls f(integral_constant VEC, integral_constant NV, bool_constant kV2, bool_constant kEdge, group)
-// for the inputs' model and team shape; every pass of one call's rows takes the same shape when
-// `vectorized` agrees.
-template <typename T, typename F>
-inline void dispatch_gat(const GatInputs& in, bool vectorized, F&& f) {
-  const int vec = vectorized ? wide_vec<T>() : 1;
-  const TeamShape shape = attention_team(in.dim / vec);
-  const bool has_edge = in.v2 ? in.edge_feat.data != nullptr : in.a_edge.data != nullptr;
-  dispatch_attention<T>(vectorized, shape.per_lane, has_edge, [&](auto v, auto nv, auto edge) {
-    if (in.v2) {
-      f(v, nv, std::true_type{}, edge, shape.group);
-    } else {
-      f(v, nv, std::false_type{}, edge, shape.group);
+    __device__ __forceinline__ explicit Dst(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t n, int64_t h) {
+      Base::begin(in, t, n, h);
+      this->scale = head_scale<T>(in, h);
     }
-  });
-}
+    __device__ __forceinline__ void zero_grads() {
+      Base::zero_grads();
+      dscale = 0;
+    }
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const LaneRow<T, VEC, NV>& dout, T* edge_row,
+                                              const Team& t) {
+      Base::add_grads(j, ds, alpha_keep, dout, edge_row, t);
+      dscale = fma_accum(ds, t.sum(lane_dot(this->q, this->kr[j], this->er[j], kEdge, t, this->dvec)), dscale);
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      Base::store_grads(a, w, unit, t);
+      if (t.lane != 0) return;
+      const int64_t row = w.slot >= 0 ? num_dst(a.in) + w.slot : int64_t{w.row};
+      static_cast<A*>(a.d_scale_rows)[row * a.in.heads + w.head] = dscale;
+    }
+  };
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src : DotScore::Src<T, VEC, NV, kEdge, B> {
+    using Base = DotScore::Src<T, VEC, NV, kEdge, B>;
+
+    __device__ __forceinline__ explicit Src(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      Base::begin(in, t, s, h);
+      this->scale = head_scale<T>(in, h);
+    }
+  };
+};
 
 }  // namespace edgedot

@@ -81,7 +81,7 @@ void launch_grad_sorted(const GradArgs& args, const uint64_t* pairs, void* grad,
 void launch_grad_planned(const GradArgs& args, const PlanSide& plan, void* grad, void* workspace,
                          int64_t chunk_edges, ScalarKind scalar, cudaStream_t stream);
 
-// Edges sorted by row (edgedot/csrc/sort_by_row.cu), for num_edges and num_rows below 2**31:
+// Edges sorted by row (csrc/common/sort_by_row.cu), for num_edges and num_rows below 2**31:
 // keys and positions hold 2 * num_edges entries each (two buffers of num_edges); temp holds
 // sort_by_row_temp_bytes bytes. Returns which buffer (0 or 1) holds the sorted keys (row_idx,
 // with out-of-range rows as num_rows) and the positions of their edges, or -1 if CUB failed.
@@ -89,7 +89,7 @@ size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
                        int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
 
-// The grouping of edgedot.plan.build_side and its group_offsets (edgedot/csrc/group_edges.cu),
+// The grouping of edgedot.plan.build_side and its group_offsets (csrc/common/group_edges.cu),
 // from the sorted keys and positions of launch_sort_by_row (num_edges entries each, the buffer it
 // returned; unread when num_edges is 0): order[i] = positions[i], row_other[i] = keys[i] << 32 |
 // other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets
@@ -111,7 +111,7 @@ __host__ __device__ inline uint64_t pack_edge(int32_t other, uint32_t grad_bits)
 int launch_sort_packed_by_row(const GradArgs& args, IndexKind row_index, IndexKind other_index, int grad_bytes,
                               int32_t* keys, uint64_t* pairs, void* temp, size_t temp_bytes, cudaStream_t stream);
 
-// Visit order for the forward (edgedot/csrc/edge_order.cu), for 2 <= num_edges < 2**31: order
+// Visit order for the forward (csrc/common/edge_order.cu), for 2 <= num_edges < 2**31: order
 // (num_edges ints) receives the edges grouped by buckets of 2**shift rows of row_idx, at most
 // kMaxOrderBuckets buckets, out-of-range rows in the last one; workspace holds
 // edge_order_workspace_ints ints, its first the used flag: 0 when a sample of adjacent edges
@@ -150,14 +150,14 @@ struct GraphCheckArgs {
   int* flags;  // [kGraphCheckFlags] device ints, zeroed
 };
 
-// One kernel over the edges and the pointer (csrc/check_graph.cu).
+// One kernel over the edges and the pointer (csrc/common/check_graph.cu).
 void launch_check_graph(const GraphCheckArgs& args, IndexKind src_index, IndexKind dst_index, IndexKind ptr_index,
                         cudaStream_t stream);
 
 // Bytes of L2 cache of the current device (cached).
 int64_t l2_cache_bytes();
 
-// Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu): per edge e from s to n,
+// Graph attention (csrc/attention/: engine.cuh, scores.cuh): per edge e from s to n,
 // score = scale * <q[n, h], k[s, h] + edge_feat[e, h]>, softmax over each destination's edges,
 // out[n, h] = sum of alpha' * (v[s, h] + edge_feat[e, h]); no per-edge rows ever reach memory.
 
@@ -181,13 +181,13 @@ struct AttentionGrouping {
   IndexKind row_index, other_index;
 };
 
-// Long rows split into chunks (csrc/attention_schedule.cu): a row of more than `chunk` edges is
+// Long rows split into chunks (csrc/attention/schedule.cu): a row of more than `chunk` edges is
 // walked as ceil(degree / chunk) chunks by teams of their own, each writing a partial result to
 // its slot; a merge kernel then combines each long row's partials in chunk order (no atomics, so
 // results stay bitwise reproducible). first_chunk[r] = slots of the long rows before r,
 // first_chunk[num_rows] = all slots (at most max_slots); long_rows[0 .. *num_long) lists the long
 // rows in ascending order.
-// row_order (null: rows in order) lists the rows by descending degree class (csrc/attention_schedule.cu),
+// row_order (null: rows in order) lists the rows by descending degree class (csrc/attention/schedule.cu),
 // in which order the kernels take them after the chunks: the teams of a warp then walk rows of
 // similar length, and the longest go first (less idle time at the end).
 struct RowChunks {
@@ -199,7 +199,7 @@ struct RowChunks {
   const int32_t* row_order;    // [num_rows], or null
 };
 
-// The (seed, offset) pair a dropout mask is a hash of (edgedot/_dropout.py, csrc/dropout.cuh), as a
+// The (seed, offset) pair a dropout mask is a hash of (edgedot/_dropout.py, csrc/attention/dropout.cuh), as a
 // kernel finds it: the values themselves (seed_ptr null), or device pointers to them, read as
 // (*seed_ptr, *offset_ptr + offset_add). The pointers serve a CUDA graph being captured, whose
 // replays each read the offset the generator holds then (torch's PhiloxCudaState, mirrored without
@@ -225,11 +225,14 @@ struct Dropout {
 // q [num_dst, heads, dim], k [num_src, heads, dim], v [num_src, heads, dim_v], edge_feat
 // [num_edges, heads, dim] with row_stride per edge (data null when absent; else dim_v == dim).
 // num_dst and num_src are q.num_rows and k.num_rows.
+// scale_heads (null for a fixed scale): [heads] in the inputs' type, a learned per-head scale in
+// place of scale (AGNN's temperature, CosineScore in csrc/attention/scores.cuh).
 struct AttentionInputs {
   Rows q, k, v, edge_feat;
   int64_t num_edges, heads, dim, dim_v;
   double scale;
   Dropout dropout;
+  const void* scale_heads;
 };
 
 // The accumulation type: double for float64 inputs, float otherwise (lse, delta, partials).
@@ -258,6 +261,10 @@ struct AttentionBackwardArgs {
   void* part_dq;       // [dst max_slots, heads, dim], accumulation type
   void* part_dk;       // [src max_slots, heads, dim]
   void* part_dv;       // [src max_slots, heads, dim_v]
+  // With scale_heads: [num_dst + dst max_slots, heads], accumulation type, zeroed: per unit (a
+  // whole row, or chunk slot at num_dst + slot) the sum of ds * <q, k + edge_feat> over its edges;
+  // their sum over rows is the gradient of scale_heads.
+  void* d_scale_rows;
 };
 
 // Edges a chunk of a long row holds, for a grouping of num_edges edges of these heads and head dims
@@ -292,9 +299,8 @@ void launch_attention_forward(const AttentionForwardArgs& args, ScalarKind scala
 void launch_attention_backward_dst(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 
-// Fused GAT and GATv2 attention (csrc/gat.cuh, csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
-// csrc/gat_backward_src.cu), on the machinery of graph attention above (groupings, chunk
-// schedules, merges, dropout). Per edge e from s to n and head h:
+// Fused GAT and GATv2 attention (their score policies in csrc/attention/scores.cuh), on the
+// engine of graph attention above (groupings, chunk schedules, merges, dropout). Per edge e from s to n and head h:
 //   GAT:   score = leaky_relu((a_src[s, h] + a_dst[n, h]) + a_edge[e, h]);
 //   GATv2: score = sum over c of att[h, c] * leaky_relu((x[s, h, c] + x_dst[n, h, c]) + edge_feat[e, h, c]);
 // softmax over each destination's edges; out[n, h] = sum of alpha' * x[s, h]. No per-edge rows ever

@@ -1,0 +1,398 @@
+// GAT's and GATv2's score policies of the attention engine (engine.cuh, scores.cuh): per edge e from
+// source s to destination n and head h,
+//   GatScore   (GAT):   leaky_relu((a_src[s] + a_dst[n]) + a_edge[e]), values x[s];
+//   Gatv2Score (GATv2): sum over c of att[c] * leaky_relu((x[s] + x_dst[n]) + edge_feat[e])[c],
+//                       values x[s].
+#pragma once
+
+#include "attention/scores.cuh"
+
+namespace edgedot {
+
+// leaky_relu(z) = z for z > 0, else slope * z; its derivative taken as slope at 0. The product is
+// rounded on its own (scaled_score), never fused into a later subtraction of lse or the maximum.
+template <typename A>
+__device__ __forceinline__ A leaky_relu(A z, A slope) {
+  return z > A(0) ? z : scaled_score(z, slope);
+}
+
+template <typename A>
+__device__ __forceinline__ A leaky_relu_grad(A z, A slope) {
+  return z > A(0) ? A(1) : slope;
+}
+
+// Element (n, h) of a per-node scalar table (Rows of dim 1), widened.
+template <typename T>
+__device__ __forceinline__ accum_t<T> load_scalar(const Rows& r, int64_t n, int64_t h) {
+  return to_accum(__ldg(row_head<T>(r, n, h)));
+}
+
+// ---- GAT and GATv2: what they share ------------------------------------------------------------
+// Values x[s]; sizes from GatInputs; the source gradient dx += alpha' * grad_out (+ the score's).
+struct GatFamily {
+  using Inputs = GatInputs;
+  using ForwardArgs = GatForwardArgs;
+  using BackwardArgs = GatBackwardArgs;
+
+  __host__ __device__ static int64_t num_dst(const Inputs& in) { return in.num_dst; }
+  __host__ __device__ static int64_t num_src(const Inputs& in) { return in.x.num_rows; }
+  __host__ __device__ static int64_t dim_v(const Inputs& in) { return in.dim; }
+  static int64_t team_dim(const Inputs& in) { return in.dim; }
+  static bool edge_grads_wanted(const BackwardArgs& a) { return a.edge_grad != nullptr; }
+
+  // Whether every row the passes read or write as rows can move as 16-byte vectors of T.
+  template <typename T>
+  static bool vectorizable(const ForwardArgs& a) {
+    const Inputs& in = a.in;
+    return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim}},
+                                     {a.out});
+  }
+  template <typename T>
+  static bool vectorizable(const BackwardArgs& a) {
+    const Inputs& in = a.in;
+    // GAT's dst_grad and edge_grad are scalars, written one at a time.
+    return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim},
+                                      {&a.grad_out, in.dim}, {&a.out, in.dim}},
+                                     {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_rows, in.v2 ? a.edge_grad : nullptr});
+  }
+
+  template <typename T>
+  static void merge_src_rows(const BackwardArgs& a, cudaStream_t stream) {
+    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dx),
+                        static_cast<T*>(a.dx), stream);
+  }
+};
+
+// ---- GAT ----------------------------------------------------------------------------------------
+struct GatScore : GatFamily {
+  static bool has_edge(const Inputs& in) { return in.a_edge.data != nullptr; }
+
+  // Per-edge extras are scalars: the register budget of a light score.
+  template <bool kEdge>
+  static constexpr bool kHeavy = false;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kDstBatch = kEdgeBatch<T, NV, false>;
+  // float32 with a_edge holds at most three (more spilled).
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kSrcBatch =
+      kEdge && std::is_same_v<T, float> ? std::min(3, kEdgeBatch<T, NV, false>) : kEdgeBatch<T, NV, false>;
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Dst {
+    using A = accum_t<T>;
+    const int vecs;
+    const A slope;
+    A ad, da_dst;  // da_dst: the same on every lane
+    A as[B], ae[B];
+    RawRow<T, VEC, NV> xr[B];
+
+    __device__ __forceinline__ explicit Dst(const Inputs& in)
+        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team&, int64_t n, int64_t h) {
+      ad = load_scalar<T>(in.a_dst, n, h);
+    }
+    // The alpha pass (kValues false) needs no x rows: GAT's scores come from scalars.
+    template <bool kValues>
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+      if constexpr (kValues) {
+#pragma unroll
+        for (int j = 0; j < B; ++j) xr[j].load(e[j].other >= 0 ? row_head<T>(in.x, e[j].other, h) : nullptr, t, vecs);
+      }
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        as[j] = ok ? load_scalar<T>(in.a_src, e[j].other, h) : A(0);
+        if constexpr (kEdge) ae[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
+      }
+    }
+
+    // z = (a_src + a_dst) + a_edge of edge j.
+    __device__ __forceinline__ A logit(int j) const {
+      A z = as[j] + ad;
+      if constexpr (kEdge) z += ae[j];
+      return z;
+    }
+    __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), slope); }
+    __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
+      add_scaled(acc, p, xr[j], xr[j], false, t, vecs);
+    }
+    __device__ __forceinline__ A value_dot(const LaneRow<T, VEC, NV>& dout, int j, const Team& t) const {
+      return lane_dot(dout, xr[j], xr[j], false, t, vecs);
+    }
+
+    __device__ __forceinline__ void zero_grads() { da_dst = 0; }
+    __device__ __forceinline__ static T* edge_grads(const BackwardArgs& a) {
+      return kEdge ? static_cast<T*>(a.edge_grad) : nullptr;
+    }
+    __device__ __forceinline__ static int64_t edge_grad_width(const Inputs&) { return 1; }
+    __device__ __forceinline__ void zero_edge_grad(T* row, const Team& t) const {
+      if (t.lane == 0) *row = from_accum<T>(A(0));
+    }
+    // dz = ds * leaky_relu'(z): da_dst += dz, da_edge = dz.
+    __device__ __forceinline__ void add_grads(int j, A ds, A, const LaneRow<T, VEC, NV>&, T* edge_row,
+                                              const Team& t) {
+      const A dz = ds * leaky_relu_grad(logit(j), slope);
+      da_dst += dz;
+      if (edge_row != nullptr && t.lane == 0) *edge_row = from_accum<T>(dz);
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_scalar<T>(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, t, da_dst);
+    }
+  };
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src {
+    using A = accum_t<T>;
+    const int vecs;
+    const A slope;
+    RawRow<T, VEC, NV> xs;
+    A as, da_src;  // da_src: the same on every lane
+    LaneRow<T, VEC, NV> dx;
+    A ad[B], ae[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in)
+        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      xs.load(row_head<T>(in.x, s, h), t, vecs);
+      as = load_scalar<T>(in.a_src, s, h);
+    }
+    __device__ __forceinline__ void load(const Inputs& in, const Team&, const GroupedEdge (&e)[B], int64_t h) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        ad[j] = ok ? load_scalar<T>(in.a_dst, e[j].other, h) : A(0);
+        if constexpr (kEdge) ae[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
+      }
+    }
+    // The forward's (a_src + a_dst) + a_edge.
+    __device__ __forceinline__ A logit(int j) const {
+      A z = as + ad[j];
+      if constexpr (kEdge) z += ae[j];
+      return z;
+    }
+    __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), slope); }
+    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
+      return lane_dot(gr, xs, xs, false, t, vecs);
+    }
+    __device__ __forceinline__ void zero_grads() {
+      dx.zero();
+      da_src = 0;
+    }
+    // da_src += ds * leaky_relu'(z); dx += alpha' * grad_out.
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
+                                              const Team& t) {
+      da_src += ds * leaky_relu_grad(logit(j), slope);
+      add_scaled(dx, alpha_keep, gr, gr, false, t, vecs);
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+      store_grad_scalar<T>(w, a.part_da_src, a.da_src, unit, a.in.heads, t, da_src);
+    }
+  };
+
+  template <typename T>
+  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
+    launch_merge_sum<T>(a.dst_chunks, a.in.heads, 1, static_cast<const accum_t<T>*>(a.part_dst_grad),
+                        static_cast<T*>(a.dst_grad), stream);
+  }
+  template <typename T>
+  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
+    merge_src_rows<T>(a, stream);
+    launch_merge_sum<T>(a.src_chunks, a.in.heads, 1, static_cast<const accum_t<T>*>(a.part_da_src),
+                        static_cast<T*>(a.da_src), stream);
+  }
+};
+
+// ---- GATv2 --------------------------------------------------------------------------------------
+// m = (x[s] + x_dst[n]) + edge_feat[e], element c of vector u.
+template <typename A, typename XS, typename XD, typename EF>
+__device__ __forceinline__ A gatv2_m(const XS& xs, const XD& xd, const EF& ef, bool has_ef, int u, int c) {
+  A m = xs.at(u, c) + xd.at(u, c);
+  if (has_ef) m += ef.at(u, c);
+  return m;
+}
+
+// This lane's part of GATv2's score: sum of att * leaky_relu(m) over its vectors.
+template <typename T, int VEC, int NV, typename XS, typename XD>
+__device__ __forceinline__ accum_t<T> gatv2_lane_score(const LaneRow<T, VEC, NV>& att, const XS& xs, const XD& xd,
+                                                       const RawRow<T, VEC, NV>& ef, bool has_ef,
+                                                       accum_t<T> slope, const Team& t, int vectors) {
+  accum_t<T> acc = 0;
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    if (!lane_has<NV>(t, vectors, u)) continue;
+#pragma unroll
+    for (int c = 0; c < VEC; ++c)
+      acc = fma_accum(att.at(u, c), leaky_relu(gatv2_m<accum_t<T>>(xs, xd, ef, has_ef, u, c), slope), acc);
+  }
+  return acc;
+}
+
+// dm = ds * att * leaky_relu'(m) for one element.
+template <typename A>
+__device__ __forceinline__ A gatv2_dm(A ds, A att, A m, A slope) {
+  return ds * (att * leaky_relu_grad(m, slope));
+}
+
+struct Gatv2Score : GatFamily {
+  static bool has_edge(const Inputs& in) { return in.edge_feat.data != nullptr; }
+
+  // x_dst and att rows besides the output row: the register budget of per-edge rows.
+  template <bool kEdge>
+  static constexpr bool kHeavy = true;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kForwardBatch = kEdgeBatch<T, NV, true>;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kDstBatch = kEdgeBatch<T, NV, true>;
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kSrcBatch = kEdgeBatch<T, NV, true>;
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Dst {
+    using A = accum_t<T>;
+    const int vecs;
+    const A slope;
+    LaneRow<T, VEC, NV> xd, att, dxd, datt;
+    RawRow<T, VEC, NV> xr[B], er[B];
+
+    __device__ __forceinline__ explicit Dst(const Inputs& in)
+        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t n, int64_t h) {
+      load_widened(xd, row_head<T>(in.x_dst, n, h), t, vecs);
+      load_widened(att, row_head<T>(in.att, 0, h), t, vecs);
+    }
+    // The source rows are in the score: loaded in every pass.
+    template <bool kValues>
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        xr[j].load(ok ? row_head<T>(in.x, e[j].other, h) : nullptr, t, vecs);
+        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vecs);
+      }
+    }
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return t.sum(gatv2_lane_score(att, xr[j], xd, er[j], kEdge, slope, t, vecs));
+    }
+    __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
+      add_scaled(acc, p, xr[j], xr[j], false, t, vecs);
+    }
+    __device__ __forceinline__ A value_dot(const LaneRow<T, VEC, NV>& dout, int j, const Team& t) const {
+      return lane_dot(dout, xr[j], xr[j], false, t, vecs);
+    }
+
+    __device__ __forceinline__ void zero_grads() {
+      dxd.zero();
+      datt.zero();
+    }
+    __device__ __forceinline__ static T* edge_grads(const BackwardArgs& a) {
+      return kEdge ? static_cast<T*>(a.edge_grad) : nullptr;
+    }
+    __device__ __forceinline__ static int64_t edge_grad_width(const Inputs& in) { return in.dim; }
+    __device__ __forceinline__ void zero_edge_grad(T* row, const Team& t) const {
+      store_zero_row<T, VEC, NV>(row, t, vecs);
+    }
+    // dm = ds * att * leaky_relu'(m): dx_dst += dm, d_edge_feat = dm; datt += ds * leaky_relu(m).
+    __device__ __forceinline__ void add_grads(int j, A ds, A, const LaneRow<T, VEC, NV>&, T* edge_row,
+                                              const Team& t) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) {
+        if (!lane_has<NV>(t, vecs, u)) continue;
+        Vec<T, VEC> dm_out;
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          const A m = gatv2_m<A>(xr[j], xd, er[j], kEdge, u, c);
+          const A dm = gatv2_dm(ds, att.at(u, c), m, slope);
+          dxd.x[u][c] += dm;
+          datt.x[u][c] = fma_accum(ds, leaky_relu(m, slope), datt.x[u][c]);
+          dm_out.v[c] = from_accum<T>(dm);
+        }
+        if (edge_row != nullptr) *reinterpret_cast<Vec<T, VEC>*>(edge_row + (t.lane + u * t.group) * VEC) = dm_out;
+      }
+    }
+    // datt_rows: each destination's share of datt (accumulation type), summed afterwards.
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, a.in.dim, t, vecs, dxd);
+      if (w.slot >= 0) {
+        store_partial(static_cast<A*>(a.part_datt) + (int64_t{w.slot} * a.in.heads + w.head) * a.in.dim, t, vecs,
+                      datt);
+      } else {
+        store_partial(static_cast<A*>(a.datt_rows) + unit * a.in.dim, t, vecs, datt);
+      }
+    }
+  };
+
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src {
+    using A = accum_t<T>;
+    const int vecs;
+    const A slope;
+    RawRow<T, VEC, NV> xs;
+    LaneRow<T, VEC, NV> att, dx;
+    RawRow<T, VEC, NV> xdr[B], er[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in)
+        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      xs.load(row_head<T>(in.x, s, h), t, vecs);
+      load_widened(att, row_head<T>(in.att, 0, h), t, vecs);
+    }
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        xdr[j].load(ok ? row_head<T>(in.x_dst, e[j].other, h) : nullptr, t, vecs);
+        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vecs);
+      }
+    }
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return t.sum(gatv2_lane_score(att, xs, xdr[j], er[j], kEdge, slope, t, vecs));
+    }
+    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
+      return lane_dot(gr, xs, xs, false, t, vecs);
+    }
+    __device__ __forceinline__ void zero_grads() { dx.zero(); }
+    // dx += alpha' * grad_out + ds * att * leaky_relu'(m).
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
+                                              const Team& t) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) {
+        if (!lane_has<NV>(t, vecs, u)) continue;
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          A d = fma_accum(alpha_keep, gr.at(u, c), dx.x[u][c]);
+          d += gatv2_dm(ds, att.at(u, c), gatv2_m<A>(xs, xdr[j], er[j], kEdge, u, c), slope);
+          dx.x[u][c] = d;
+        }
+      }
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+    }
+  };
+
+  template <typename T>
+  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
+    using A = accum_t<T>;
+    launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const A*>(a.part_dst_grad),
+                        static_cast<T*>(a.dst_grad), stream);
+    launch_merge_sum<A>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const A*>(a.part_datt),
+                        static_cast<A*>(a.datt_rows), stream);
+  }
+  template <typename T>
+  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
+    merge_src_rows<T>(a, stream);
+  }
+};
+
+}  // namespace edgedot
