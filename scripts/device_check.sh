@@ -4,8 +4,8 @@
 # exported seed problem, then the benchmark. Logs, JSON and charts go to $OUT (default
 # ./device_out).
 #
-#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel
-#                                            (default: all but wheel, in that order)
+#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel ab
+#                                            (default: all but wheel and ab, in that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
@@ -108,7 +108,15 @@ for stage in $stages; do
       for tool in memcheck racecheck; do
         compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitizer_workload.py 2>&1 \
           | tee "$OUT/sanitizer_$tool.log" | tail -n 3
-      done ;;
+      done
+      # Hostile pointers and indices, unchecked, and buffers rewritten between CUDA-graph replays.
+      compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/fuzz_pointers.py --rounds "${FUZZ_ROUNDS:-24}" \
+        2>&1 | tee "$OUT/sanitizer_fuzz.log" | tail -n 3 ;;
+    ab)
+      # The same cases timed on AB_BASE (another checkout, e.g. the previous release) and on this
+      # tree, in one run: scripts/ab_bench.py.
+      python3 scripts/ab_bench.py --a "${AB_BASE:?AB_BASE: the checkout to compare with}" --b . \
+        --json "$OUT/ab.json" ${AB_ARGS:-} 2>&1 | tee "$OUT/ab.log" ;;
     kernelbench)
       python3 -m edgedot.kernelbench --export "$OUT/model_new.py" &&
         python3 -m edgedot.kernelbench --evaluate "$OUT/model_new.py" 2>&1 | tee "$OUT/kernelbench_eval.log" ;;

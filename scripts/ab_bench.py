@@ -1,0 +1,144 @@
+"""Times two checkouts of edgedot on the same GPU in one run: the attention ops' forward and
+forward + backward on the same graphs, each checkout in its own processes (its own build cache),
+alternating A B A B so that drift hits both. Checks each result against a float64 reference first.
+
+    python scripts/ab_bench.py --a OLD_ROOT --b NEW_ROOT [--rounds 2] [--json FILE]
+
+Prints, per case, the median of each checkout (the smaller of its rounds' medians) and B / A.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CASES = [
+    # name, op, nodes, edges, heads, dim, dtype, hub edges, layout
+    ("attn-arxiv-f32-plan", "graph_attention", 169_343, 1_166_243, 4, 32, "float32", 0, "plan"),
+    ("attn-arxiv-bf16-plan", "graph_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
+    ("attn-hub-bf16-plan", "graph_attention", 169_343, 1_166_243 + 2_000_000, 4, 32, "bfloat16", 2_000_000, "plan"),
+    ("attn-products-bf16-plan", "graph_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
+    ("attn-minibatch-f32-ptr", "graph_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
+    ("gat-arxiv-bf16-plan", "gat_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
+    ("gat-products-bf16-plan", "gat_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
+    ("gatv2-arxiv-bf16-plan", "gatv2_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
+    ("gatv2-products-bf16-plan", "gatv2_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
+    ("gatv2-hub-f32-plan", "gatv2_attention", 169_343, 1_166_243 + 2_000_000, 4, 32, "float32", 2_000_000, "plan"),
+]
+
+
+def worker(names, reps):
+    import torch
+
+    import edgedot
+
+    results = {}
+    for name, op, nodes, edges, heads, dim, dtype, hub_edges, layout in CASES:
+        if name not in names:
+            continue
+        torch.manual_seed(0)
+        dt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        src = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
+        dst = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
+        if hub_edges:
+            dst[:hub_edges] = 7
+
+        def leaf(*shape):
+            return torch.randn(*shape, device="cuda", generator=g).to(dt).requires_grad_()
+        if op == "graph_attention":
+            inputs = [leaf(nodes, heads, dim), leaf(nodes, heads, dim), leaf(nodes, heads, dim)]
+        elif op == "gat_attention":
+            inputs = [leaf(nodes, heads, dim), leaf(nodes, heads), leaf(nodes, heads)]
+        else:
+            inputs = [leaf(nodes, heads, dim), leaf(nodes, heads, dim), leaf(heads, dim)]
+        fn = getattr(edgedot, op)
+        if layout == "plan":
+            plan = edgedot.EdgePlan(src, dst, nodes, nodes)
+            graphs = [(src, dst, dict(plan=plan))]
+        else:  # a new sorted mini-batch graph every call: 16384 seeds x 10 in-edges
+            graphs = []
+            for i in range(reps + 3):
+                s = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
+                d = torch.arange(edges // 10, device="cuda").repeat_interleave(10)
+                graphs.append((s, d, dict(dst_ptr=edgedot.index_to_ptr(d, nodes))))
+        # Correctness first, on the first graph, against a float64 reference (graphs of up to 4M
+        # edges: the reference holds E x H x D float64 values).
+        s0, d0, kw0 = graphs[0]
+        out = fn(*inputs, s0, d0, **kw0)
+        err = None
+        if edges <= 4_000_000:
+            ref_fn = getattr(edgedot, op + "_reference")
+            ref = ref_fn(*[t.detach().double() for t in inputs], s0, d0)[0]
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err < (1e-5 if dt == torch.float32 else 2e-2), (name, err)
+            del ref
+        times = {}
+        for mode in ("forward", "forward+backward"):
+            samples = []
+            for i in range(reps + 3):
+                s, d, kw = graphs[i % len(graphs)]
+                for t in inputs:
+                    t.grad = None
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn(*inputs, s, d, **kw)
+                if mode != "forward":
+                    out.backward(torch.ones_like(out))
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 3:
+                    samples.append(start.elapsed_time(end) * 1000)
+            samples.sort()
+            times[mode] = samples[len(samples) // 2]
+        results[name] = dict(times, error=err)
+        del inputs, graphs, out
+        torch.cuda.empty_cache()
+    print("AB_RESULT " + json.dumps(results))
+
+
+def run_worker(root, names, reps):
+    env = dict(os.environ, PYTHONPATH=root, EDGEDOT_CACHE=os.path.join("/tmp", "ab_cache_" + os.path.basename(root)))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--reps", str(reps), *names],
+                          cwd=root, env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("AB_RESULT "):
+            return json.loads(line[len("AB_RESULT "):])
+    raise RuntimeError(f"worker in {root} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a")
+    parser.add_argument("--b")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("cases", nargs="*")
+    args = parser.parse_args()
+    names = args.cases or [c[0] for c in CASES]
+    if args.worker:
+        worker(names, args.reps)
+        return
+    runs = {"a": [], "b": []}
+    for _ in range(args.rounds):
+        for side, root in (("a", args.a), ("b", args.b)):
+            runs[side].append(run_worker(os.path.abspath(root), names, args.reps))
+    table = {}
+    print(f"{'case':28s} {'mode':18s} {'A us':>10s} {'B us':>10s} {'B/A':>6s}")
+    for name in names:
+        for mode in ("forward", "forward+backward"):
+            a = min(r[name][mode] for r in runs["a"])
+            b = min(r[name][mode] for r in runs["b"])
+            spread = max(max(r[name][mode] for r in runs[s]) / min(r[name][mode] for r in runs[s]) for s in "ab")
+            table[f"{name} {mode}"] = dict(a=a, b=b, ratio=b / a, spread=spread)
+            print(f"{name:28s} {mode:18s} {a:10.1f} {b:10.1f} {b / a:6.3f}  (rounds spread {spread:.3f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(runs=runs, table=table), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
