@@ -1,21 +1,15 @@
-// The backward's source pass of every score's attention (engine.cuh, scores.cuh, gat_scores.cuh).
-#include "attention/gat_scores.cuh"
+// The backward's source pass of graph attention (DotScore, and CosineScore with a learned scale: cosine_backward_src.cu).
+// Each score's passes build in a file of their own, so that the build compiles them in parallel.
+#include "attention/scores.cuh"
 
 namespace edgedot {
 
-void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind scalar,
+                                   cudaStream_t stream) {
   if (a.in.scale_heads != nullptr) {
-    launch_backward_src<CosineScore>(a, scalar, stream);
+    launch_cosine_backward_src(a, scalar, stream);
   } else {
     launch_backward_src<DotScore>(a, scalar, stream);
-  }
-}
-
-void launch_gat_backward_src(const GatBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
-  if (a.in.v2) {
-    launch_backward_src<Gatv2Score>(a, scalar, stream);
-  } else {
-    launch_backward_src<GatScore>(a, scalar, stream);
   }
 }
 

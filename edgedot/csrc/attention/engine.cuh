@@ -67,8 +67,8 @@ __device__ __forceinline__ GroupedEdge grouped_edge(const AttentionGrouping& g, 
   return {edge_ok && in_range(other, num_other) ? other : -1, edge_ok ? static_cast<int32_t>(edge) : -1};
 }
 
-// Sorted positions [begin, end) of row r, clamped to [0, num_edges] so that no offsets can make a
-// kernel read outside the grouping.
+// Sorted positions [begin, end) of row r, clamped to [0, num_edges]: no offsets make a kernel read
+// outside the grouping.
 struct PositionRange {
   int64_t begin, end;
 };
@@ -247,7 +247,7 @@ inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
 //   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows;
 //   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
 //   Dst<T, VEC, NV, kEdge, B>: a destination's side of its edges' scores (forward and dst pass):
-//     begin(in, t, n, h); load<kValues>(in, t, edges, h) (the values' rows only with kValues);
+//     begin(in, t, n, h); load<Loads>(in, t, edges, h) (which rows, in which order: RowLoads);
 //     score(j, t); add_value(acc, p, j, t); value_dot(dout, j, t); and the dst pass's gradients:
 //     zero_grads(), edge_grads(args), edge_grad_width(in), zero_edge_grad(row, t),
 //     add_grads(j, ds, alpha', dout, edge_row, t), store_grads(args, unit, t);
@@ -258,15 +258,18 @@ inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
 
-// Blocks per SM the passes are built for: 3 (80 registers a thread) where that leaves the batches
-// below without spills; 2 (128 registers) for heavy scores or 8 vectors a lane; 1 for double,
-// whose values take two registers each.
+// What a pass loads of a batch's edges, and in which order (the order is the register
+// allocator's: each pass keeps the one it was tuned with). kScores: the score's rows alone (the
+// alpha pass); kScoresThenValues: the score's rows of every edge, then the values' (the forward);
+// kEdgeByEdge: each edge's rows together (the dst pass).
+enum class RowLoads { kScores, kScoresThenValues, kEdgeByEdge };
+
+// Blocks per SM the passes are built for: 3 (80 registers a thread), 2 (128) for heavy scores or 8
+// vectors a lane, 1 for double. Edges in flight per team: each lane loads the rows of this many
+// edges before it adds any (the gather is latency-bound); fewer for more vectors a lane, wider
+// widened types (half types, double) and heavy scores.
 template <typename T, int NV, bool kHeavy>
 constexpr int kBlocksPerSM = sizeof(T) == 8 ? 1 : kHeavy || NV == 8 ? 2 : 3;
-
-// Edges in flight per team: each lane loads the rows of this many edges before it adds any, since
-// the gather is latency-bound; fewer when a lane holds more vectors of each row, and fewer for
-// types whose widened values take more registers (half types, double) or for heavy scores.
 template <typename T, int NV, bool kHeavy>
 constexpr int kEdgeBatch = std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 || kHeavy ? 2 : 3) / NV);
 
@@ -306,7 +309,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
       const A lse = lse_out[int64_t{w.row} * heads + h];
       walk_edges<B>(
           a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
-          [&](const GroupedEdge (&e)[B]) { side.template load<false>(in, t, e, h); },
+          [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kScores>(in, t, e, h); },
           [&](const GroupedEdge (&e)[B], int64_t i) {
 #pragma unroll
             for (int j = 0; j < B; ++j) {
@@ -338,7 +341,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
     bool bad = w.bad;
     walk_edges<B>(
         a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
-        [&](const GroupedEdge (&e)[B]) { side.template load<true>(in, t, e, h); },
+        [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kScoresThenValues>(in, t, e, h); },
         [&](const GroupedEdge (&e)[B], int64_t i) {
           A s[B];
           A m_new = m;
@@ -430,7 +433,7 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
     side.zero_grads();
     walk_edges<B>(
         a.dst, in.num_edges, num_src, t, n, w.begin, w.end,
-        [&](const GroupedEdge (&e)[B]) { side.template load<true>(in, t, e, h); },
+        [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kEdgeByEdge>(in, t, e, h); },
         [&](const GroupedEdge (&e)[B], int64_t i) {
 #pragma unroll
           for (int j = 0; j < B; ++j) {
@@ -517,8 +520,7 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   });
 }
 
-// Calls f(integral_constant VEC, integral_constant NV, bool_constant kEdge, group) for the
-// inputs' team shape; the passes of one call take the same shape when `vectorized` agrees.
+// Calls f(VEC, NV, kEdge as integral constants, group) for the inputs' team shape.
 template <class Score, typename T, typename F>
 inline void dispatch_score(const typename Score::Inputs& in, bool vectorized, F&& f) {
   const int vec = vectorized ? wide_vec<T>() : 1;

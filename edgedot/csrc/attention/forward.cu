@@ -1,21 +1,14 @@
-// The forward of every score's attention (engine.cuh, scores.cuh, gat_scores.cuh).
-#include "attention/gat_scores.cuh"
+// The forward of graph attention (DotScore, and CosineScore with a learned scale: cosine_forward.cu).
+// Each score's passes build in a file of their own, so that the build compiles them in parallel.
+#include "attention/scores.cuh"
 
 namespace edgedot {
 
 void launch_attention_forward(const AttentionForwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   if (a.in.scale_heads != nullptr) {
-    launch_forward<CosineScore>(a, scalar, stream);
+    launch_cosine_forward(a, scalar, stream);
   } else {
     launch_forward<DotScore>(a, scalar, stream);
-  }
-}
-
-void launch_gat_forward(const GatForwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
-  if (a.in.v2) {
-    launch_forward<Gatv2Score>(a, scalar, stream);
-  } else {
-    launch_forward<GatScore>(a, scalar, stream);
   }
 }
 

@@ -94,10 +94,10 @@ struct GatScore : GatFamily {
     __device__ __forceinline__ void begin(const Inputs& in, const Team&, int64_t n, int64_t h) {
       ad = load_scalar<T>(in.a_dst, n, h);
     }
-    // The alpha pass (kValues false) needs no x rows: GAT's scores come from scalars.
-    template <bool kValues>
+    // The alpha pass needs no x rows: GAT's scores come from scalars.
+    template <RowLoads kRows>
     __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
-      if constexpr (kValues) {
+      if constexpr (kRows != RowLoads::kScores) {
 #pragma unroll
         for (int j = 0; j < B; ++j) xr[j].load(e[j].other >= 0 ? row_head<T>(in.x, e[j].other, h) : nullptr, t, vecs);
       }
@@ -268,14 +268,16 @@ struct Gatv2Score : GatFamily {
       load_widened(xd, row_head<T>(in.x_dst, n, h), t, vecs);
       load_widened(att, row_head<T>(in.att, 0, h), t, vecs);
     }
-    // The source rows are in the score: loaded in every pass.
-    template <bool kValues>
+    // The source rows are in the score: loaded in every pass, before the edges' rows.
+    template <RowLoads>
     __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
 #pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const bool ok = e[j].other >= 0;
-        xr[j].load(ok ? row_head<T>(in.x, e[j].other, h) : nullptr, t, vecs);
-        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vecs);
+      for (int j = 0; j < B; ++j) xr[j].load(e[j].other >= 0 ? row_head<T>(in.x, e[j].other, h) : nullptr, t, vecs);
+      if constexpr (kEdge) {
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          er[j].load(e[j].other >= 0 ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vecs);
+        }
       }
     }
     __device__ __forceinline__ A score(int j, const Team& t) const {

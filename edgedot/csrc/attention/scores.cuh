@@ -82,21 +82,26 @@ struct DotScore {
     RawRow<T, VEC, NV> kr[B], vr[B], er[B];
 
     __device__ __forceinline__ explicit Dst(const Inputs& in)
-        : dvec(static_cast<int>(in.dim / VEC)), vvec(static_cast<int>(in.dim_v / VEC)), scale(static_cast<A>(in.scale)) {}
+        : dvec(static_cast<int>(in.dim / VEC)),
+          vvec(static_cast<int>(in.dim_v / VEC)),
+          scale(static_cast<A>(in.scale)) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t n, int64_t h) {
       load_widened(q, row_head<T>(in.q, n, h), t, dvec);
     }
 
-    template <bool kValues>
+    template <RowLoads kRows>
     __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         const bool ok = e[j].other >= 0;
         kr[j].load(ok ? row_head<T>(in.k, e[j].other, h) : nullptr, t, dvec);
+        if constexpr (kRows == RowLoads::kEdgeByEdge) {
+          vr[j].load(ok ? row_head<T>(in.v, e[j].other, h) : nullptr, t, vvec);
+        }
         if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
       }
-      if constexpr (kValues) {
+      if constexpr (kRows == RowLoads::kScoresThenValues) {
 #pragma unroll
         for (int j = 0; j < B; ++j) vr[j].load(e[j].other >= 0 ? row_head<T>(in.v, e[j].other, h) : nullptr, t, vvec);
       }
@@ -142,7 +147,9 @@ struct DotScore {
     RawRow<T, VEC, NV> qr[B], er[B];
 
     __device__ __forceinline__ explicit Src(const Inputs& in)
-        : dvec(static_cast<int>(in.dim / VEC)), vvec(static_cast<int>(in.dim_v / VEC)), scale(static_cast<A>(in.scale)) {}
+        : dvec(static_cast<int>(in.dim / VEC)),
+          vvec(static_cast<int>(in.dim_v / VEC)),
+          scale(static_cast<A>(in.scale)) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
       k.load(row_head<T>(in.k, s, h), t, dvec);
@@ -198,6 +205,11 @@ struct DotScore {
                         static_cast<T*>(a.dv), stream);
   }
 };
+
+// CosineScore's passes (cosine_*.cu), called by graph attention's when scale_heads is given.
+void launch_cosine_forward(const AttentionForwardArgs& a, ScalarKind scalar, cudaStream_t stream);
+void launch_cosine_backward_dst(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream);
+void launch_cosine_backward_src(const AttentionBackwardArgs& a, ScalarKind scalar, cudaStream_t stream);
 
 // ---- AGNN ---------------------------------------------------------------------------------------
 // The dot score under a learned per-head scale (scale_heads, AGNN's beta) of rows the caller
