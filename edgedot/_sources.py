@@ -12,7 +12,14 @@ from pathlib import Path
 
 # Translation units of the extension, relative to the package folder (edgedot/), in link order.
 SOURCES = [
-    "csrc/bindings.cpp",
+    "csrc/extension.cpp",
+    "csrc/common/tensor_args.cpp",
+    "csrc/common/graph_checks.cpp",
+    "csrc/common/grouping_ops.cpp",
+    "csrc/edge_dot/edge_dot_ops.cpp",
+    "csrc/attention/dropout_rng.cpp",
+    "csrc/attention/attention_ops.cpp",
+    "csrc/attention/gat_ops.cpp",
     "csrc/common/launch.cu",
     "csrc/common/sort_by_row.cu",
     "csrc/common/group_edges.cu",
