@@ -7,14 +7,8 @@
 #include "common/torch_common.h"
 #include "edge_dot/edge_dot_ops.h"
 
-namespace edgedot {
-at::Tensor kernelbench_forward(at::Tensor src_feat, at::Tensor dst_feat, at::Tensor src_idx, at::Tensor dst_idx);
-}  // namespace edgedot (kernelbench/csrc/kernelbench.cpp)
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
-  m.def("kernelbench_forward", &edgedot::kernelbench_forward,
-        "the seed problem's forward with KernelBench's contract: any index dtype, reference rounding (CUDA)");
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("group_edges", &edgedot::group_edges,
         "edgedot.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
