@@ -158,7 +158,7 @@ def _key_of(idx):
 class InRangeIndices(TensorMemo):
     """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for
     ``edge_dot``'s CPU path and for ``graph_attention``; ``edge_dot``'s CUDA forward keeps the same
-    record, by the same rule, in the extension (``InRangeMemo`` in ``csrc/bindings.cpp``). The
+    record, by the same rule, in the extension (``InRangeMemo`` in ``csrc/common/in_range_memo.h``). The
     kernels never read out of range whatever this says: an index changed behind PyTorch's back
     yields NaN, not a crash."""
 

@@ -28,7 +28,7 @@ import torch
 __all__ = ["OFFSET_STEP", "check_generator", "draw_cpu", "no_state", "fake_state", "recorded_key", "key",
            "keep_mask", "next_state", "state_pair"]
 
-# Offsets a CUDA call takes from its generator (kDropoutOffsetStep in csrc/bindings.cpp).
+# Offsets a CUDA call takes from its generator (kDropoutOffsetStep in csrc/attention/dropout_rng.cpp).
 OFFSET_STEP = 4
 
 _MASK32 = 0xFFFFFFFF

@@ -4,7 +4,8 @@ Both builds read this module: the just-in-time build on first use (:mod:`edgedot
 ahead-of-time build of a CUDA wheel (``setup.py`` with ``EDGEDOT_BUILD_CUDA=1``). It imports only
 the standard library, so ``setup.py`` loads it by file path without importing torch or the
 package. A new ``.cu`` or ``.cpp`` file joins the extension by one entry in ``SOURCES``
-(``tests/test_packaging.py`` fails while a source file of the package is missing from it).
+(``tests/test_packaging.py`` fails while a source file of the package is missing from it). The
+KernelBench harness is not part of it: it builds its own extension (edgedot/kernelbench/extension.py).
 """
 
 import hashlib
@@ -12,7 +13,14 @@ from pathlib import Path
 
 # Translation units of the extension, relative to the package folder (edgedot/), in link order.
 SOURCES = [
-    "csrc/bindings.cpp",
+    "csrc/extension.cpp",
+    "csrc/common/tensor_args.cpp",
+    "csrc/common/graph_checks.cpp",
+    "csrc/common/grouping_ops.cpp",
+    "csrc/edge_dot/edge_dot_ops.cpp",
+    "csrc/attention/dropout_rng.cpp",
+    "csrc/attention/attention_ops.cpp",
+    "csrc/attention/gat_ops.cpp",
     "csrc/common/launch.cu",
     "csrc/common/sort_by_row.cu",
     "csrc/common/group_edges.cu",
@@ -32,11 +40,8 @@ SOURCES = [
     "csrc/attention/gat_backward_dst.cu",
     "csrc/attention/gat_backward_src.cu",
     "csrc/attention/merge.cu",
-    "kernelbench/csrc/kernelbench.cpp",
-    "kernelbench/csrc/index_cast.cu",
 ]
-# Include folders, relative to the package: the KernelBench harness's sources include edgedot.h
-# and common.cuh.
+# Include folders, relative to the package: sources include their headers as "common/edgedot.h".
 INCLUDE_DIRS = ["csrc"]
 
 CXX_FLAGS = ["-O3"]

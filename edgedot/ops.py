@@ -49,7 +49,7 @@ def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, dete
     return _cpu.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
 
 
-# Outcome codes of the extension's forward (edgedot/csrc/bindings.cpp).
+# Outcome codes of the extension's forward (edgedot/csrc/edge_dot/edge_dot_ops.cpp).
 _BAD_SRC_INDEX, _BAD_DST_INDEX, _INVALID_INPUTS = 1, 2, 3
 
 

@@ -55,7 +55,7 @@ def test_grad_matches_reference(device, dtype, index_dtype, case, use_plan, dete
     check_backward(src, dst, src_idx, dst_idx, grad_out, plan=plan, deterministic=deterministic)
 
 
-# Widest float32 rows whose atomic backward accumulates in double (edgedot/csrc/bindings.cpp).
+# Widest float32 rows whose atomic backward accumulates in double (edgedot/csrc/edge_dot/edge_dot_ops.cpp).
 DOUBLE_ACCUM_MAX_DIM = 16
 
 

@@ -464,7 +464,7 @@ def test_forward_of_shuffled_graph_larger_than_l2(dtype, heads, index_dtype, lar
     """Shuffled edges over wide rows of a table larger than L2 are visited grouped by row range of
     the larger side; every edge's output lands at its own position, under NaN poison."""
     g = gen(42)
-    row_bytes = 2048  # wide enough to pay for the grouping (edgedot/csrc/bindings.cpp)
+    row_bytes = 2048  # wide enough to pay for the grouping (edgedot/csrc/edge_dot/edge_dot_ops.cpp)
     dim = row_bytes * 8 // torch.finfo(dtype).bits // heads
     big = torch.cuda.get_device_properties(0).L2_cache_size // row_bytes + 1
     small = 3000

@@ -185,14 +185,21 @@ def test_evaluate_without_cuda_says_so(tmp_path):
 
 def test_harness_is_one_subpackage():
     """The KernelBench harness lives in edgedot.kernelbench (modules and C++), the library's own
-    modules and csrc/ hold none of it, and the extension still builds the harness's sources."""
-    from edgedot import _sources
+    modules and csrc/ hold none of it, and it builds its own extension: the library's (its sources,
+    its fingerprint, its module) holds none of the harness."""
+    from edgedot import _build, _sources
+    from edgedot.kernelbench import extension
     package = REPO / "edgedot"
     assert not (package / "kernelbench.py").exists() and not (package / "kernelbench_eval.py").exists()
     assert not list((package / "csrc").glob("kernelbench*")) and not (package / "csrc" / "index_cast.cu").exists()
-    for path in ("kernelbench/csrc/kernelbench.cpp", "kernelbench/csrc/index_cast.cu"):
-        assert path in _sources.SOURCES
-    for path in _sources.SOURCES:
+    library = _sources.extension_files(package)
+    assert not [name for name in library if name.startswith("kernelbench/")]
+    assert not [name for name in library if "kernelbench_forward" in (package / name).read_text()]
+    # The harness's extension: its module and what the export inlines, in its own build folder.
+    exported = {name for name in kb.EXPORT_SOURCES if name.endswith(_sources.SOURCE_SUFFIXES)}
+    assert set(extension.SOURCES) == exported | {"kernelbench/csrc/harness_module.cpp"}
+    assert extension.NAME != "edgedot_cuda" and extension.build_dir() == _build.cache_dir() / "kernelbench"
+    for path in [*_sources.SOURCES, *extension.SOURCES]:
         assert (package / path).is_file(), path
 
 

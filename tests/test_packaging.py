@@ -17,6 +17,7 @@ import torch
 
 import edgedot
 from edgedot import _build, _sources
+from edgedot.kernelbench import extension as harness_extension
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "edgedot"
@@ -37,17 +38,26 @@ def _record(torch_version=None, cuda_version=None, fingerprint=None, package=PAC
 
 
 def test_sources_are_every_source_file_of_the_package():
+    """Every source file is the library's extension's (_sources.SOURCES) or, under kernelbench/, the
+    KernelBench harness's own extension's (edgedot.kernelbench.extension), which also builds a few
+    of the library's kernels."""
     on_disk = {path.relative_to(PACKAGE).as_posix()
                for suffix in _sources.SOURCE_SUFFIXES for path in PACKAGE.rglob(f"*{suffix}")}
     listed = set(_sources.SOURCES)
+    harness = set(harness_extension.SOURCES)
     assert len(listed) == len(_sources.SOURCES), "a source is listed twice"
-    assert not on_disk - listed, f"in the package but not in _sources.SOURCES: {sorted(on_disk - listed)}"
+    assert len(harness) == len(harness_extension.SOURCES), "a harness source is listed twice"
+    assert not [name for name in listed if name.startswith("kernelbench/")], "the harness in the library's extension"
+    unlisted = on_disk - listed - harness
+    assert not unlisted, f"in the package but in neither extension's sources: {sorted(unlisted)}"
     assert not listed - on_disk, f"in _sources.SOURCES but not in the package: {sorted(listed - on_disk)}"
+    assert not harness - on_disk, f"in the harness's sources but not in the package: {sorted(harness - on_disk)}"
 
 
-def test_sources_have_distinct_file_names():
+@pytest.mark.parametrize("sources", [_sources.SOURCES, harness_extension.SOURCES], ids=["library", "harness"])
+def test_sources_have_distinct_file_names(sources):
     # torch's just-in-time build names each object file after its source's file name alone.
-    stems = [Path(source).stem for source in _sources.SOURCES]
+    stems = [Path(source).stem for source in sources]
     assert len(set(stems)) == len(stems), f"two sources share a file name: {sorted(stems)}"
 
 
@@ -136,7 +146,8 @@ def test_pure_wheel_ships_every_extension_file(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("edgedot-*.whl")
     assert wheel.name == f"edgedot-{edgedot.__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
-    missing = [name for name in _sources.extension_files(PACKAGE) if f"edgedot/{name}" not in names]
+    files = {*_sources.extension_files(PACKAGE), *harness_extension.SOURCES}
+    missing = [name for name in sorted(files) if f"edgedot/{name}" not in names]
     assert not missing, f"the wheel lacks {missing}"
     assert "edgedot/_sources.py" in names and "edgedot/_build_info.py" not in names
     assert not [name for name in names if name.startswith("edgedot/_C")]

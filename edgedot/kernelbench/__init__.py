@@ -3,7 +3,8 @@
 The KernelBench harness of the project, apart from the library: this module (the problem,
 ``Model``, ``ModelNew``, the exporter), :mod:`edgedot.kernelbench.evaluation` (KernelBench's
 evaluation procedure) and ``csrc/`` (the problem's C++ entry point and its index cast, built
-into the library's one extension and inlined by the export).
+into the harness's own extension by :mod:`edgedot.kernelbench.extension`, apart from the library's,
+and inlined by the export).
 
 KernelBench evaluates a module that defines ``Model`` (the PyTorch reference), ``ModelNew`` (the
 custom kernel), ``get_inputs()`` and ``get_init_inputs()``. This module defines them for the
@@ -30,9 +31,10 @@ import torch
 from torch import nn
 
 from .. import __version__
-from .._build import PACKAGE, cuda_module
+from .._build import PACKAGE
 from ..functional import edge_dot
 from ..reference import edge_dot_reference
+from .extension import cuda_module
 
 __all__ = [
     "num_src_nodes", "num_dst_nodes", "num_edges", "feat_dim", "Model", "ModelNew", "get_inputs",
@@ -57,8 +59,9 @@ class ModelNew(nn.Module):
 
     KernelBench's evaluator casts every input to the precision of its run, the index tensors
     included, so ``ModelNew`` takes indices of any integer or floating dtype, truncated like
-    ``.long()``. On CUDA, ``[N, D]`` features go to the extension's ``kernelbench_forward``
-    (``edgedot/kernelbench/csrc/kernelbench.cpp``, the entry point the export inlines): floating indices are
+    ``.long()``. On CUDA, ``[N, D]`` features go to ``kernelbench_forward`` of the harness's own
+    extension (:mod:`edgedot.kernelbench.extension`; ``edgedot/kernelbench/csrc/kernelbench.cpp``,
+    the entry point the export inlines): floating indices are
     converted in one launch, half types round each product before the sum as the reference does,
     and nothing waits for the GPU (an out-of-range index yields NaN, never a read outside the
     features). Elsewhere it calls :func:`edgedot.edge_dot`, which on the CPU always checks the

@@ -1,0 +1,248 @@
+// Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu). Shapes and dtypes were
+// validated in Python (edgedot/_attention_ops.py); these checks keep the kernels inside their
+// tensors whatever they are given.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <initializer_list>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "attention/attention_ops.h"
+#include "attention/dropout_rng.h"
+#include "common/torch_common.h"
+
+namespace edgedot {
+
+void check_attention_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
+                            std::initializer_list<int64_t> shape) {
+  TORCH_CHECK_VALUE(t.device() == q.device(), "edgedot: ", name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "edgedot: ", name, " must have shape ",
+                    at::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+namespace {
+
+IndexKind index_kind(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64; }
+
+}  // namespace
+
+// A grouping built by edgedot.plan.build_side (group given), or edges given grouped by the rows of
+// row_idx with offsets their CSR pointer (group absent): position i is then edge i.
+AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, const at::Tensor& offsets,
+                                     const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_edges,
+                                     int64_t num_rows, const at::Tensor& q, const char* side) {
+  TORCH_CHECK_VALUE(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.numel() == num_rows + 1 &&
+                        offsets.is_contiguous() && offsets.device() == q.device(),
+                    "edgedot: ", side, "_offsets must be a contiguous int64 tensor of ", num_rows + 1,
+                    " elements on q's device, got ", offsets.scalar_type(), " of shape ", offsets.sizes());
+  if (!group.has_value()) {
+    for (const at::Tensor* idx : {&row_idx, &other_idx}) {
+      TORCH_CHECK_VALUE(is_index(*idx) && idx->numel() == num_edges && idx->is_contiguous() &&
+                            idx->device() == q.device(),
+                        "edgedot: edges given grouped need contiguous int32 or int64 index tensors of E = ",
+                        num_edges, " elements on q's device");
+    }
+    return AttentionGrouping{nullptr, nullptr, offsets.data_ptr<int64_t>(), row_idx.data_ptr(), other_idx.data_ptr(),
+                             index_kind(row_idx), index_kind(other_idx)};
+  }
+  TORCH_CHECK_VALUE(group->scalar_type() == at::kLong && group->dim() == 1 && group->numel() == 2 * num_edges &&
+                        group->is_contiguous() && group->device() == q.device(),
+                    "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
+                    " elements on q's device (edgedot.plan.build_side), got ", group->scalar_type(), " of shape ",
+                    group->sizes());
+  const int64_t* p = group->data_ptr<int64_t>();
+  return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(),
+                           nullptr, nullptr, IndexKind::i64, IndexKind::i64};
+}
+
+// The chunk schedule of a grouping's long rows (RowChunks), its tensors appended to `keep` (alive
+// until the kernels are queued; the caching allocator orders their reuse on the stream). None when
+// no row can be long.
+RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads, int64_t dim,
+                           int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep) {
+  const int64_t chunk = attention_chunk_edges(num_edges, heads, dim, dim_v, scalar);
+  if (num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0, nullptr};
+  const auto options = offsets.options();
+  at::Tensor first_chunk = at::empty({num_rows + 1}, options.dtype(at::kLong));
+  at::Tensor long_rows = at::empty({num_rows + 1}, options.dtype(at::kInt));  // the last entry: their count
+  const size_t temp_bytes = attention_schedule_temp_bytes(num_rows);
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+  int32_t* rows = long_rows.data_ptr<int32_t>();
+  const cudaError_t status =
+      launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
+                                first_chunk.data_ptr<int64_t>(), rows, rows + num_rows, temp.data_ptr(), temp_bytes,
+                                c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
+  keep.insert(keep.end(), {first_chunk, long_rows, temp});
+  const int32_t* row_order = nullptr;
+  if (attention_orders_rows(num_edges, heads)) {
+    at::Tensor keys = at::empty({2 * num_rows}, options.dtype(at::kByte));
+    at::Tensor order = at::empty({2 * num_rows}, options.dtype(at::kInt));  // row ids, then their order
+    const size_t sort_bytes = attention_row_order_temp_bytes(num_rows);
+    at::Tensor sort_temp = at::empty({static_cast<int64_t>(sort_bytes)}, options.dtype(at::kByte));
+    int32_t* ids = order.data_ptr<int32_t>();
+    const cudaError_t sorted = launch_attention_row_order(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
+                                                          keys.data_ptr<uint8_t>(), ids, ids + num_rows,
+                                                          sort_temp.data_ptr(), sort_bytes,
+                                                          c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(sorted == cudaSuccess, "edgedot: ordering the rows by degree failed: ", cudaGetErrorString(sorted));
+    keep.insert(keep.end(), {keys, order, sort_temp});
+    row_order = ids + num_rows;
+  }
+  return RowChunks{chunk, first_chunk.data_ptr<int64_t>(), rows, rows + num_rows,
+                   attention_max_slots(num_edges, chunk), row_order};
+}
+
+// An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).
+void* attention_partials(const RowChunks& c, int64_t heads, int64_t dim, const at::Tensor& q,
+                         std::vector<at::Tensor>& keep) {
+  if (c.max_slots == 0) return nullptr;
+  keep.push_back(at::empty({c.max_slots, heads, dim}, q.options().dtype(attention_accum(q.scalar_type()))));
+  return keep.back().data_ptr();
+}
+
+namespace {
+
+// q, k, v (and edge_feat) with unit stride on the last dim, checked against each other; dropout
+// without its rng.
+AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c10::optional<at::Tensor>& edge_feat,
+                                 int64_t num_edges, double scale, double dropout_p) {
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kHalf ||
+                       q.scalar_type() == at::kBFloat16,
+                   "edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+                    "edgedot: q, k and v must be 3-D CUDA tensors [rows, heads, dim]");
+  const int64_t heads = q.size(1), dim = q.size(2), dim_v = v.size(2);
+  TORCH_CHECK_VALUE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                    "edgedot: q, k and v must have one dtype");
+  check_attention_tensor(k, "k", q, {k.size(0), heads, dim});
+  check_attention_tensor(v, "v", q, {k.size(0), heads, dim_v});
+  TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim && dim_v >= 1 && dim_v <= kAttentionMaxDim,
+                    "edgedot: graph attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ", dim,
+                    " and ", dim_v);
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(num_edges < kMax32 && q.size(0) <= kMax32 && k.size(0) <= kMax32,
+                    "edgedot: graph attention takes fewer than 2**31 edges and at most 2**31 - 1 rows a side");
+  q = unit_stride_last(q);
+  k = unit_stride_last(k);
+  v = unit_stride_last(v);
+  Rows ef{nullptr, 0, 0, 0};
+  if (edge_feat.has_value()) {
+    TORCH_CHECK_VALUE(edge_feat->scalar_type() == q.scalar_type() && edge_feat->dim() == 3,
+                      "edgedot: edge_feat must be 3-D with q's dtype");
+    check_attention_tensor(*edge_feat, "edge_feat", q, {num_edges, heads, dim});
+    TORCH_CHECK_VALUE(dim_v == dim, "edgedot: edge_feat needs v's head dim equal to q's, got ", dim_v, " and ", dim);
+    edge_feat = unit_stride_last(*edge_feat);
+    ef = attention_rows(*edge_feat);
+  }
+  return AttentionInputs{attention_rows(q), attention_rows(k), attention_rows(v), ef, num_edges, heads, dim, dim_v,
+                         scale, dropout_of(dropout_p)};
+}
+
+}  // namespace
+
+// Fused graph attention forward over the dst grouping (dst_group absent: edges given sorted by
+// destination, dst_offsets their CSR pointer): (out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the
+// accumulation dtype (float64 for float64 inputs, else float32), alpha [E, H] before dropout in q's
+// dtype, or an empty [0] tensor without return_attention, rng_state: the dropout (seed, offset) drawn
+// from generator, int64 [2], or an empty [0] tensor without dropout).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
+    at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double scale, double dropout_p,
+    c10::optional<at::Generator> generator, bool return_attention) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  at::Tensor rng_state = at::empty({0}, q.options().dtype(at::kLong));
+  if (dropout_p > 0.0) in.dropout.rng = draw_dropout_rng(generator, q, rng_state);
+  const int64_t num_dst = q.size(0);
+  const ScalarKind scalar = scalar_kind(q.scalar_type());
+  std::vector<at::Tensor> keep;
+  AttentionForwardArgs args{};
+  args.in = in;
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
+  // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
+  at::Tensor out = at::empty({num_dst, in.heads, in.dim_v}, q.options());
+  at::Tensor lse = at::empty({num_dst, in.heads}, q.options().dtype(attention_accum(q.scalar_type())));
+  const std::vector<int64_t> alpha_shape = return_attention ? std::vector<int64_t>{num_edges, in.heads}
+                                                            : std::vector<int64_t>{0};
+  at::Tensor alpha = at::empty(alpha_shape, q.options());
+  args.out = out.data_ptr();
+  args.lse = lse.data_ptr();
+  args.alpha = return_attention ? alpha.data_ptr() : nullptr;
+  args.part_acc = attention_partials(args.dst_chunks, in.heads, in.dim_v, q, keep);
+  args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, q, keep);
+  launch_attention_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse, alpha, rng_state};
+}
+
+// Its gradients by recomputation from lse: (dq, dk, dv in the inputs' dtype, d_edge_feat [E, H, D]
+// with edge_feat_grad, else an empty [0] tensor). The dst pass writes dq, d_edge_feat and
+// delta = <grad_out, out> per (n, h); the src pass then writes dk and dv, unless kv_grad is false
+// (then dk and dv are empty [0] tensors and src_group, src_offsets are not read). With dropout,
+// rng_state is the forward's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad) {
+  const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
+  const c10::cuda::CUDAGuard guard(q.device());
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
+  TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
+  TORCH_CHECK_VALUE(!kv_grad || (src_group.has_value() && src_offsets.has_value()),
+                    "edgedot: kv_grad needs src_group and src_offsets");
+  const int64_t num_dst = q.size(0), num_src = k.size(0);
+  const at::ScalarType accum = attention_accum(q.scalar_type());
+  const ScalarKind scalar = scalar_kind(q.scalar_type());
+  check_attention_tensor(grad_out, "grad_out", q, {num_dst, in.heads, in.dim_v});
+  check_attention_tensor(out, "out", q, {num_dst, in.heads, in.dim_v});
+  check_attention_tensor(lse, "lse", q, {num_dst, in.heads});
+  grad_out = grad_out.to(q.scalar_type()).contiguous();
+  out = unit_stride_last(out.to(q.scalar_type()));
+  lse = lse.to(accum).contiguous();
+  std::vector<at::Tensor> keep;
+  AttentionBackwardArgs args{};
+  args.in = in;
+  args.grad_out = attention_rows(grad_out);
+  args.out = attention_rows(out);
+  args.lse = lse.data_ptr();
+  args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
+  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
+  if (kv_grad) {
+    args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, num_edges, num_src, q, "src");
+    args.src_chunks = attention_chunks(*src_offsets, num_src, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
+  }
+  // No memsets: every row is written by one team or merge (rows without edges as zeros).
+  at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
+  at::Tensor dq = at::empty({num_dst, in.heads, in.dim}, q.options());
+  at::Tensor dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());
+  at::Tensor dv = kv_grad ? at::empty({num_src, in.heads, in.dim_v}, q.options()) : at::empty({0}, q.options());
+  const std::vector<int64_t> d_edge_feat_shape =
+      edge_feat_grad ? std::vector<int64_t>{num_edges, in.heads, in.dim} : std::vector<int64_t>{0};
+  at::Tensor d_edge_feat = at::empty(d_edge_feat_shape, q.options());
+  args.delta = delta.data_ptr();
+  args.dq = dq.data_ptr();
+  args.dk = dk.data_ptr();
+  args.dv = dv.data_ptr();
+  args.d_edge_feat = edge_feat_grad ? d_edge_feat.data_ptr() : nullptr;
+  args.part_dq = attention_partials(args.dst_chunks, in.heads, in.dim, q, keep);
+  args.part_dk = attention_partials(args.src_chunks, in.heads, in.dim, q, keep);
+  args.part_dv = attention_partials(args.src_chunks, in.heads, in.dim_v, q, keep);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  launch_attention_backward_dst(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (kv_grad) {
+    launch_attention_backward_src(args, scalar, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {dq, dk, dv, d_edge_feat};
+}
+
+}  // namespace edgedot

@@ -1,0 +1,35 @@
+// GAT and GATv2 attention on the torch side (attention/gat_ops.cpp), on graph attention's
+// marshalling (attention/attention_ops.h).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace edgedot {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward(
+    at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double negative_slope,
+    double dropout_p, c10::optional<at::Generator> generator, bool return_attention);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_forward(
+    at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double negative_slope,
+    double dropout_p, c10::optional<at::Generator> generator, bool return_attention);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
+    at::Tensor grad_out, at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool a_edge_grad,
+    bool src_grad);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
+    at::Tensor grad_out, at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad,
+    bool src_grad);
+
+}  // namespace edgedot

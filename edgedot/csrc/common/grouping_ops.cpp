@@ -1,0 +1,116 @@
+// Edges sorted and grouped by row on the device: the backward's per-call sorts (sort_by_row.cu) and
+// the attention grouping of edgedot.plan.build_side (group_edges.cu).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <limits>
+
+#include "common/torch_common.h"
+
+namespace edgedot {
+
+// The edges sorted stably by row: grad_out, row_idx (out-of-range rows moved to the ends) and
+// other_idx reordered.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& grad_out, const at::Tensor& row_idx,
+                                                           const at::Tensor& other_idx, int64_t num_rows,
+                                                           cudaStream_t stream) {
+  const int64_t num_edges = row_idx.size(0);
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  at::Tensor rows, order;
+  if (num_edges < kMax32 && num_rows < kMax32) {
+    const auto int32 = row_idx.options().dtype(at::kInt);
+    at::Tensor keys = at::empty({2, num_edges}, int32);
+    at::Tensor positions = at::empty({2, num_edges}, int32);
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, row_idx.options().dtype(at::kByte));
+    const int buffer = launch_sort_by_row(row_idx.data_ptr(), index_kind(row_idx, "row_idx"), num_edges, num_rows,
+                                          keys.data_ptr<int32_t>(), positions.data_ptr<int32_t>(), temp.data_ptr(),
+                                          temp_bytes, stream);
+    TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    rows = keys[buffer];
+    order = positions[buffer];
+  } else {
+    // Clamped first, so that no huge index wraps onto a real row in a narrower key.
+    std::tie(rows, order) = at::sort(row_idx.clamp(-1, num_rows), /*stable=*/true, 0, /*descending=*/false);
+  }
+  return {grad_out.index_select(0, order), rows, other_idx.index_select(0, order)};
+}
+
+// The edges sorted stably by row as keys (row_idx, out-of-range rows as num_rows) and pack_edge
+// pairs, when packable_sort(args) holds.
+std::tuple<at::Tensor, at::Tensor> sort_packed_by_row(const GradArgs& args, const at::Tensor& row_idx,
+                                                      const at::Tensor& other_idx, const at::Tensor& grad_out,
+                                                      cudaStream_t stream) {
+  const int64_t num_edges = args.num_edges;
+  at::Tensor keys = at::empty({2, num_edges}, row_idx.options().dtype(at::kInt));
+  at::Tensor pairs = at::empty({2, num_edges}, row_idx.options().dtype(at::kLong));
+  const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, args.num_rows, /*packed=*/true);
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, row_idx.options().dtype(at::kByte));
+  const int buffer = launch_sort_packed_by_row(args, index_kind(row_idx, "row_idx"), index_kind(other_idx, "other_idx"),
+                                               static_cast<int>(grad_out.element_size()), keys.data_ptr<int32_t>(),
+                                               reinterpret_cast<uint64_t*>(pairs.data_ptr<int64_t>()), temp.data_ptr(),
+                                               temp_bytes, stream);
+  TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {keys[buffer], pairs[buffer]};
+}
+
+// Whether the sort can carry each edge's other row and gradient in 64 bits: every count below
+// 2**31 and at most 4 bytes of gradient per edge (float32, or half types with up to two heads).
+bool packable_sort(const GradArgs& args, int64_t grad_bytes) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  return args.num_edges < kMax32 && args.num_rows < kMax32 && args.other.num_rows < kMax32 &&
+         args.heads * grad_bytes <= 4;
+}
+
+// edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
+// bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
+// instead of a dozen tensor operations. Never waits for the device.
+std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
+                                               int64_t num_other) {
+  // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
+  // shape into a failing check's message crashed the process (NOTES.md).
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_TYPE(is_index(row_idx), "edgedot: row_idx must be a 1-D int32 or int64 tensor");
+  TORCH_CHECK_TYPE(is_index(other_idx), "edgedot: other_idx must be a 1-D int32 or int64 tensor");
+  const IndexKind row_index = row_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+  const IndexKind other_index = other_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+  TORCH_CHECK_VALUE(row_idx.dim() == 1 && other_idx.dim() == 1 && row_idx.size(0) == other_idx.size(0),
+                    "edgedot: row_idx and other_idx must be 1-D of one length");
+  TORCH_CHECK_VALUE(row_idx.is_cuda() && other_idx.device() == row_idx.device(),
+                    "edgedot: row_idx and other_idx must be on one CUDA device");
+  const int64_t num_edges = row_idx.size(0);
+  TORCH_CHECK_VALUE(num_edges < kMax32, "edgedot: group_edges takes fewer than 2**31 - 1 edges");
+  TORCH_CHECK_VALUE(num_rows >= 0 && num_rows <= kMax32 && num_other >= 0 && num_other <= kMax32,
+                    "edgedot: num_rows and num_other must lie in [0, 2**31 - 1]");
+  const c10::cuda::CUDAGuard guard(row_idx.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto options = row_idx.options();
+  at::Tensor packed = at::empty({2 * num_edges}, options.dtype(at::kLong));
+  at::Tensor offsets = at::empty({num_rows + 1}, options.dtype(at::kLong));
+  at::Tensor keys, positions;
+  int buffer = 0;
+  if (num_edges > 0) {
+    keys = at::empty({2, num_edges}, options.dtype(at::kInt));
+    positions = at::empty({2, num_edges}, options.dtype(at::kInt));
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
+    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+    const at::Tensor rows = row_idx.contiguous();
+    buffer = launch_sort_by_row(rows.data_ptr(), row_index, num_edges, num_rows, keys.data_ptr<int32_t>(),
+                                positions.data_ptr<int32_t>(), temp.data_ptr(), temp_bytes, stream);
+    TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor other = other_idx.contiguous();
+  int64_t* p = packed.data_ptr<int64_t>();
+  launch_group_edges(num_edges > 0 ? keys.data_ptr<int32_t>() + buffer * num_edges : nullptr,
+                     num_edges > 0 ? positions.data_ptr<int32_t>() + buffer * num_edges : nullptr, other.data_ptr(),
+                     other_index, num_edges, num_rows, num_other, p, reinterpret_cast<uint64_t*>(p + num_edges),
+                     offsets.data_ptr<int64_t>(), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {packed, offsets};
+}
+
+}  // namespace edgedot

@@ -1,0 +1,68 @@
+// The torch side shared by the op families (edge_dot/, attention/): tensor arguments turned into
+// the kernels' plain types (edgedot.h), host flags and streams, the argument predicates, and the
+// graph ops of common/ that the extension exposes (check_graph, group_edges) or a family calls
+// (the per-call sorts by row). Shapes and dtypes were validated in Python (edgedot/_checks.py)
+// before these are called.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <tuple>
+
+#include "common/edgedot.h"
+
+namespace edgedot {
+
+// ---- Tensor arguments (common/tensor_args.cpp; the one-liners here, inline) ----
+
+ScalarKind scalar_kind(at::ScalarType t);
+
+IndexKind index_kind(const at::Tensor& idx, const char* name);
+
+inline at::Tensor unit_stride_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+inline int64_t heads_of(const at::Tensor& feat) { return feat.dim() == 3 ? feat.size(1) : 1; }
+
+// Node and head strides of a [N, D] or [N, H, D] tensor; one head broadcasts with stride 0.
+inline Rows rows_of(const at::Tensor& feat) {
+  const bool one_head = heads_of(feat) == 1;
+  return Rows{feat.data_ptr(), feat.size(0), feat.stride(0), one_head ? 0 : feat.stride(1)};
+}
+
+int* host_error_flags();
+
+bool stream_capturing(cudaStream_t stream);
+
+inline bool is_feature_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+inline bool is_index(const at::Tensor& idx) {
+  return (idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong) && idx.dim() == 1;
+}
+
+bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const at::Tensor& src_idx,
+                  const at::Tensor& dst_idx);
+
+// ---- Graph checks (common/graph_checks.cpp) ----
+
+int64_t check_graph(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                    const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
+
+// ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& grad_out, const at::Tensor& row_idx,
+                                                           const at::Tensor& other_idx, int64_t num_rows,
+                                                           cudaStream_t stream);
+
+std::tuple<at::Tensor, at::Tensor> sort_packed_by_row(const GradArgs& args, const at::Tensor& row_idx,
+                                                      const at::Tensor& other_idx, const at::Tensor& grad_out,
+                                                      cudaStream_t stream);
+
+bool packable_sort(const GradArgs& args, int64_t grad_bytes);
+
+std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
+                                               int64_t num_other);
+
+}  // namespace edgedot

@@ -1,0 +1,30 @@
+// The extension's module: the functions of each op family (common/, edge_dot/, attention/), which
+// turn tensors into the plain arguments of the CUDA kernels (common/edgedot.h).
+#include <torch/extension.h>
+
+#include "attention/attention_ops.h"
+#include "attention/gat_ops.h"
+#include "common/torch_common.h"
+#include "edge_dot/edge_dot_ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
+  m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
+  m.def("group_edges", &edgedot::group_edges,
+        "edgedot.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
+  m.def("check_graph", &edgedot::check_graph,
+        "src_idx, dst_idx and dst_ptr validated in one kernel and one wait: a bitmask of failed conditions (CUDA)");
+  m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
+  m.def("attention_forward", &edgedot::attention_forward,
+        "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("attention_backward", &edgedot::attention_backward,
+        "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
+  m.def("gat_forward", &edgedot::gat_forward,
+        "fused GAT attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("gatv2_forward", &edgedot::gatv2_forward,
+        "fused GATv2 attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("gat_backward", &edgedot::gat_backward,
+        "gradients of fused GAT attention by recomputation: (dx, da_src, da_dst, da_edge) (CUDA)");
+  m.def("gatv2_backward", &edgedot::gatv2_backward,
+        "gradients of fused GATv2 attention by recomputation: (dx_src, dx_dst, datt, d_edge_feat) (CUDA)");
+}
