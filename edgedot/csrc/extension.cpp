@@ -19,6 +19,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("attention_backward", &edgedot::attention_backward,
         "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
+  m.def("agnn_forward", &edgedot::agnn_forward,
+        "fused AGNN attention (cosine score, learned per-head scale): (out, lse, alpha) (CUDA)");
+  m.def("agnn_backward", &edgedot::agnn_backward,
+        "gradients of fused AGNN attention by recomputation: (d_x_norm, dx, d_beta) (CUDA)");
   m.def("gat_forward", &edgedot::gat_forward,
         "fused GAT attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gatv2_forward", &edgedot::gatv2_forward,

@@ -109,7 +109,8 @@ namespace {
 // q, k, v (and edge_feat) with unit stride on the last dim, checked against each other; dropout
 // without its rng.
 AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c10::optional<at::Tensor>& edge_feat,
-                                 int64_t num_edges, double scale, double dropout_p) {
+                                 int64_t num_edges, double scale, double dropout_p,
+                                 c10::optional<at::Tensor>& scale_heads) {
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kHalf ||
                        q.scalar_type() == at::kBFloat16,
                    "edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type());
@@ -124,8 +125,9 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
                     "edgedot: graph attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ", dim,
                     " and ", dim_v);
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK_VALUE(num_edges < kMax32 && q.size(0) <= kMax32 && k.size(0) <= kMax32,
-                    "edgedot: graph attention takes fewer than 2**31 edges and at most 2**31 - 1 rows a side");
+  // Below 2**31 - 1 rows: the schedule scans num_rows + 1 entries with int32 counts.
+  TORCH_CHECK_VALUE(num_edges < kMax32 && q.size(0) < kMax32 && k.size(0) < kMax32,
+                    "edgedot: graph attention takes fewer than 2**31 - 1 edges and rows a side");
   q = unit_stride_last(q);
   k = unit_stride_last(k);
   v = unit_stride_last(v);
@@ -138,8 +140,17 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
     edge_feat = unit_stride_last(*edge_feat);
     ef = attention_rows(*edge_feat);
   }
+  const void* heads_scale = nullptr;
+  if (scale_heads.has_value()) {
+    TORCH_CHECK_VALUE(scale_heads->numel() == 1 || (scale_heads->dim() == 1 && scale_heads->size(0) == heads),
+                      "edgedot: beta must hold one value or one per head (", heads, "), got shape ",
+                      scale_heads->sizes());
+    TORCH_CHECK_VALUE(scale_heads->device() == q.device(), "edgedot: beta must be on q's device");
+    scale_heads = scale_heads->reshape({-1}).expand({heads}).to(q.scalar_type()).contiguous();
+    heads_scale = scale_heads->data_ptr();
+  }
   return AttentionInputs{attention_rows(q), attention_rows(k), attention_rows(v), ef, num_edges, heads, dim, dim_v,
-                         scale, dropout_of(dropout_p)};
+                         scale, dropout_of(dropout_p), heads_scale};
 }
 
 }  // namespace
@@ -153,9 +164,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
     at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
     at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double scale, double dropout_p,
     c10::optional<at::Generator> generator, bool return_attention) {
+  return attention_forward_scaled(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, scale, dropout_p,
+                                  generator, return_attention, c10::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_scaled(
+    at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double scale, double dropout_p,
+    c10::optional<at::Generator> generator, bool return_attention, c10::optional<at::Tensor> scale_heads) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
   at::Tensor rng_state = at::empty({0}, q.options().dtype(at::kLong));
   if (dropout_p > 0.0) in.dropout.rng = draw_dropout_rng(generator, q, rng_state);
   const int64_t num_dst = q.size(0);
@@ -191,9 +210,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad) {
+  const auto grads = attention_backward_scaled(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group,
+                                               dst_offsets, src_group, src_offsets, scale, dropout_p, rng_state,
+                                               edge_feat_grad, kv_grad, c10::nullopt);
+  return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<3>(grads)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_scaled(
+    at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
+    c10::optional<at::Tensor> scale_heads) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
-  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p);
+  AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
   TORCH_CHECK_VALUE(!kv_grad || (src_group.has_value() && src_offsets.has_value()),
@@ -235,6 +266,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
   args.part_dq = attention_partials(args.dst_chunks, in.heads, in.dim, q, keep);
   args.part_dk = attention_partials(args.src_chunks, in.heads, in.dim, q, keep);
   args.part_dv = attention_partials(args.src_chunks, in.heads, in.dim_v, q, keep);
+  // A learned scale's gradient: per-unit sums (whole rows, then chunk slots), zero where no unit
+  // writes, summed over rows in a fixed order below.
+  at::Tensor d_scale_rows = in.scale_heads != nullptr
+                                ? at::zeros({num_dst + args.dst_chunks.max_slots, in.heads}, q.options().dtype(accum))
+                                : at::empty({0}, q.options().dtype(accum));
+  args.d_scale_rows = in.scale_heads != nullptr ? d_scale_rows.data_ptr() : nullptr;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_attention_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -242,7 +279,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     launch_attention_backward_src(args, scalar, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {dq, dk, dv, d_edge_feat};
+  at::Tensor d_scale = in.scale_heads != nullptr ? d_scale_rows.sum(0) : at::empty({0}, q.options().dtype(accum));
+  return {dq, dk, dv, d_edge_feat, d_scale};
 }
 
 }  // namespace edgedot

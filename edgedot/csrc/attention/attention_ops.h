@@ -47,4 +47,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad);
 
+// The same with a learned per-head scale scale_heads ([heads] or [1], any float dtype) in place of
+// scale (CosineScore); the backward's fifth output is its gradient [heads], accumulation dtype.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_scaled(
+    at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat, at::Tensor src_idx,
+    at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets, double scale, double dropout_p,
+    c10::optional<at::Generator> generator, bool return_attention, c10::optional<at::Tensor> scale_heads);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_scaled(
+    at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
+    at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
+    at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
+    c10::optional<at::Tensor> scale_heads);
+
+// AGNN (PyG's AGNNConv): attention of x_norm = x / |x| (normalised by the caller) as queries and
+// keys and x as values, under beta ([heads] or [1]); (out, lse, alpha or an empty [0] tensor).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_forward(at::Tensor x_norm, at::Tensor x, at::Tensor beta,
+                                                            at::Tensor src_idx, at::Tensor dst_idx,
+                                                            c10::optional<at::Tensor> dst_group,
+                                                            at::Tensor dst_offsets, bool return_attention);
+
+// Its gradients: (d_x_norm, dx, d_beta [heads] in the accumulation dtype).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_backward(
+    at::Tensor grad_out, at::Tensor x_norm, at::Tensor x, at::Tensor beta, at::Tensor out, at::Tensor lse,
+    at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets,
+    at::Tensor src_group, at::Tensor src_offsets);
+
 }  // namespace edgedot

@@ -44,8 +44,9 @@ GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t n
   TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim, "edgedot: GAT attention on CUDA takes head dims of 1 to ",
                     kAttentionMaxDim, ", got ", dim);
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK_VALUE(num_edges < kMax32 && x.size(0) <= kMax32 && num_dst <= kMax32,
-                    "edgedot: GAT attention takes fewer than 2**31 edges and at most 2**31 - 1 rows a side");
+  // Below 2**31 - 1 rows: the schedule scans num_rows + 1 entries with int32 counts.
+  TORCH_CHECK_VALUE(num_edges < kMax32 && x.size(0) < kMax32 && num_dst < kMax32,
+                    "edgedot: GAT attention takes fewer than 2**31 - 1 edges and rows a side");
   x = unit_stride_last(x);
   GatInputs in{};
   in.x = attention_rows(x);
