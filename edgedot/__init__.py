@@ -11,7 +11,7 @@ from . import nn, ops
 from .attention import graph_attention, index_to_ptr
 from .functional import edge_dot
 from .gat import gat_attention, gatv2_attention
-from .plan import EdgePlan
+from .runtime.plan import EdgePlan
 from .reference import (edge_dot_reference, gat_attention_reference, gatv2_attention_reference,
                         graph_attention_reference)
 

@@ -13,7 +13,7 @@ grouping say the edges are already sorted by that side, the offsets being their 
 ranges): the kernels then walk the edges as they are. The CPU implementation reads the indices
 as they are.
 
-Dropout (:mod:`edgedot._dropout`): the forward draws its ``(seed, offset)`` from ``generator`` (None:
+Dropout (:mod:`edgedot.runtime.dropout`): the forward draws its ``(seed, offset)`` from ``generator`` (None:
 the default generator of the inputs' device) when it runs, and returns it as ``rng_state`` (int64
 ``[2]`` on the inputs' device; ``[0]`` without dropout), which the backward takes. Drawing inside
 the implementation keeps ``torch.compile`` tracing the op (the fake implementation draws nothing)
@@ -27,10 +27,11 @@ gradients their precision.
 
 import torch
 
-from . import _cpu_attention, _dropout
-from ._build import cuda_module
-from ._checks import FEATURE_DTYPES, check_graph, check_indices_pair
-from .plan import MAX_ROWS, build_side, group_offsets
+from . import _cpu_attention
+from .runtime import dropout
+from .runtime.build import cuda_module
+from .runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair
+from .runtime.plan import MAX_ROWS, build_side, group_offsets
 
 __all__ = ["graph_attention_op", "graph_attention_backward_op", "check_inputs", "build_grouping"]
 
@@ -109,7 +110,7 @@ def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator=N
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
-    _dropout.check_generator(generator, q.device)
+    dropout.check_generator(generator, q.device)
 
 
 def _lse_dtype(dtype):
@@ -157,8 +158,8 @@ def backward_groupings(dst_group, dst_offsets, src_group, src_offsets, src_idx, 
 def draw_cpu(like, dropout_p, generator):
     """A CPU forward's ``(rng_state, key)``: a state drawn from ``generator`` where ``dropout_p``
     is positive, else the empty state of ``like``'s device."""
-    rng_state = _dropout.draw_cpu(generator) if dropout_p > 0 else _dropout.no_state(like)
-    return rng_state, _dropout.recorded_key(rng_state, dropout_p)
+    rng_state = dropout.draw_cpu(generator) if dropout_p > 0 else dropout.no_state(like)
+    return rng_state, dropout.recorded_key(rng_state, dropout_p)
 
 
 def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention):
@@ -167,7 +168,7 @@ def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention
     out = like.new_empty((num_dst, heads, channels))
     lse = like.new_empty((num_dst, heads), dtype=_lse_dtype(like.dtype))
     alpha = like.new_empty((num_edges, heads) if return_attention else (0,))
-    return out, lse, alpha, _dropout.fake_state(like, dropout_p)
+    return out, lse, alpha, dropout.fake_state(like, dropout_p)
 
 
 @torch.library.impl(_lib, "graph_attention", "CPU")
@@ -205,7 +206,7 @@ def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
 def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
-    key = _dropout.recorded_key(rng_state, dropout_p)
+    key = dropout.recorded_key(rng_state, dropout_p)
     dq, dk, dv, d_edge_feat = _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
                                                       dropout_p, key, edge_feat_grad)
     return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)

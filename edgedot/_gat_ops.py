@@ -7,7 +7,7 @@ tensors, autograd (the pattern of ``_attention_ops``).
 ``edgedot::gatv2_attention_backward``   ``(dx_src, dx_dst, datt, d_edge_feat)``.
 
 Groupings, offsets, ``generator``, ``rng_state`` and ``lse``'s dtype mean what they mean for
-``edgedot::graph_attention``: dropout follows :mod:`edgedot._dropout`, with graph attention's
+``edgedot::graph_attention``: dropout follows :mod:`edgedot.runtime.dropout`, with graph attention's
 mask (head ``h`` of edge ``e`` is element ``e * heads + h``). ``src_grad`` False (no gradient wanted on the source-side
 tensors) returns those outputs as empty ``[0]`` tensors, and the CUDA backward then skips its
 source-side pass and the grouping by source; ``a_edge_grad`` / ``edge_feat_grad`` False does the
@@ -18,13 +18,14 @@ import math
 
 import torch
 
-from . import _cpu_gat, _dropout
+from . import _cpu_gat
+from .runtime import dropout
 from ._attention_ops import (CUDA_MAX_DIM, MAX_EDGES, _grouping, backward_groupings, draw_cpu, forward_fake,
                              setup_context)
 from ._attention_ops import _check_graph as _check_edges
-from ._build import cuda_module
-from ._checks import FEATURE_DTYPES, check_indices_pair
-from .plan import MAX_ROWS
+from .runtime.build import cuda_module
+from .runtime.checks import FEATURE_DTYPES, check_indices_pair
+from .runtime.plan import MAX_ROWS
 
 __all__ = ["gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op", "gatv2_attention_backward_op",
            "check_gat_inputs", "check_gatv2_inputs"]
@@ -144,7 +145,7 @@ def _check_options(x, negative_slope, dropout_p, generator):
         raise ValueError(f"negative_slope must be finite, got {negative_slope}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
-    _dropout.check_generator(generator, x.device)
+    dropout.check_generator(generator, x.device)
 
 
 def _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator=None):
@@ -195,7 +196,7 @@ def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_
                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     return _cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
-                                 dropout_p, _dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
+                                 dropout_p, dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
 
 
 @torch.library.impl(_lib, "gat_attention_backward", "CUDA")
@@ -256,7 +257,7 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     return _cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
-                                   negative_slope, dropout_p, _dropout.recorded_key(rng_state, dropout_p),
+                                   negative_slope, dropout_p, dropout.recorded_key(rng_state, dropout_p),
                                    edge_feat_grad, src_grad)
 
 

@@ -6,10 +6,11 @@ import numbers
 
 import torch
 
-from . import _cpu_attention, _dropout
+from . import _cpu_attention
+from .runtime import dropout
 from ._attention_ops import build_grouping, check_inputs, graph_attention_op
-from ._grouped import check_dst_ptr, index_to_ptr
-from .plan import EdgePlan
+from .runtime.grouped import check_dst_ptr, index_to_ptr
+from .runtime.plan import EdgePlan
 
 __all__ = ["graph_attention", "dropout_keep", "next_dropout_state", "index_to_ptr"]
 
@@ -118,7 +119,7 @@ def check_options(device, dropout_p, generator, plan, check_indices, return_atte
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1], got {dropout_p}")
-    _dropout.check_generator(generator, device)
+    dropout.check_generator(generator, device)
     if plan is not None and not isinstance(plan, EdgePlan):
         raise TypeError(f"plan must be an edgedot.EdgePlan or None, got {type(plan).__name__}")
     for name, flag, optional in (("deterministic", deterministic, True), ("check_indices", check_indices, False),
@@ -155,7 +156,7 @@ def next_dropout_state(device="cpu", generator=None):
     generator). Nothing is drawn: the generator stays as it is.
     Pass the state to :func:`dropout_keep` for the call's mask. Before a CUDA graph's replay it
     tells the state of the graph's first call with dropout."""
-    return _dropout.next_state(device, generator)
+    return dropout.next_state(device, generator)
 
 
 def dropout_keep(rng_state, num_edges, heads, p, device=None):
@@ -167,7 +168,7 @@ def dropout_keep(rng_state, num_edges, heads, p, device=None):
     ``(seed, offset)`` pair as ints. The mask is a hash of the state and ``e * heads + h``,
     the same on CPU and CUDA, so it does not depend on the order the edges are visited in.
     It is made on ``device`` (default: ``rng_state``'s device, or the CPU)."""
-    seed, offset = _dropout.state_pair(rng_state)
+    seed, offset = dropout.state_pair(rng_state)
     if device is None:
         device = rng_state.device if isinstance(rng_state, torch.Tensor) else "cpu"
     for name, value in (("num_edges", num_edges), ("heads", heads)):
@@ -179,4 +180,4 @@ def dropout_keep(rng_state, num_edges, heads, p, device=None):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must lie in [0, 1], got {p}")
-    return _cpu_attention.keep_mask(_dropout.key(seed, offset), 0, num_edges, heads, p, device)
+    return _cpu_attention.keep_mask(dropout.key(seed, offset), 0, num_edges, heads, p, device)

@@ -2,7 +2,7 @@
 
 import torch
 
-from ._checks import check_tensors
+from .runtime.checks import check_tensors
 from .ops import EagerCUDAEdgeDot, edge_dot_op, forward_cuda
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor

@@ -13,9 +13,9 @@ import functools
 import torch
 
 from . import _cpu
-from ._build import cuda_module
-from ._checks import check_graph, check_inputs, output_shape, sorted_indices
-from .plan import check_plan_layout
+from .runtime.build import cuda_module
+from .runtime.checks import check_graph, check_inputs, output_shape, sorted_indices
+from .runtime.plan import check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 

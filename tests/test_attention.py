@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _cpu_attention, _dropout
+from edgedot import _cpu_attention
+from edgedot.runtime import dropout
 from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
@@ -352,7 +353,7 @@ def test_dropout_keep_rate_and_edge_ids_past_2_to_32():
     assert abs(keep.float().mean().item() - 0.7) < 0.005
     # Counters e * H + h past 2**32 feed their high half into the second round.
     start = 2**32 // 4 - 2
-    part = _cpu_attention.keep_mask(_dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
+    part = _cpu_attention.keep_mask(dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
     assert torch.equal(part, _keep_numpy(-77, 8, start, 4, 4, 0.5))
 
 
@@ -467,8 +468,8 @@ class _ExtensionOnCPU:
     handed against their definition, then computes with the CPU implementation."""
 
     def __init__(self, src, dst, num_src, num_dst):
-        self.want = {"dst": edgedot.plan.build_side(dst, src, num_dst, num_src),
-                     "src": edgedot.plan.build_side(src, dst, num_src, num_dst)}
+        self.want = {"dst": edgedot.runtime.plan.build_side(dst, src, num_dst, num_src),
+                     "src": edgedot.runtime.plan.build_side(src, dst, num_src, num_dst)}
         self.rows = {"dst": num_dst, "src": num_src}
         self.src, self.dst = src, dst
 
@@ -483,8 +484,8 @@ class _ExtensionOnCPU:
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst)
         self._check("dst", dst_group, dst_offsets)
         assert isinstance(generator, torch.Generator) and isinstance(scale, float)
-        rng_state = _dropout.draw_cpu(generator)
-        key = _dropout.key(*rng_state.tolist())
+        rng_state = dropout.draw_cpu(generator)
+        key = dropout.key(*rng_state.tolist())
         return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
@@ -492,7 +493,7 @@ class _ExtensionOnCPU:
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and kv_grad
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
-        key = _dropout.key(*rng_state.tolist())
+        key = dropout.key(*rng_state.tolist())
         return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
                                        edge_feat_grad)
 
@@ -615,7 +616,7 @@ def test_cuda_matches_cpu(dtype, edge_feat, monkeypatch):
                                         index_dtype=torch.int32)
     grad_out = rand_feat((q.shape[0], 4, 32), dtype, "cpu", gen(7))
     cuda_state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
-    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: cuda_state.clone())
+    monkeypatch.setattr(dropout, "draw_cpu", lambda generator=None: cuda_state.clone())
 
     def run(device):
         leaves = [t.to(device).requires_grad_() for t in (q, k, v) + ((ef,) if edge_feat else ())]

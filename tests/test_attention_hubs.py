@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _checks
+from edgedot import _attention_ops
+from edgedot.runtime import checks
 from test_attention_cuda import full_check, grouping, inputs, run
 from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, requires_cuda
 
@@ -143,8 +144,8 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     remembered until either changes."""
     q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
     calls = []
-    real = _checks.graph_flags
-    monkeypatch.setattr(_checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = checks.graph_flags
+    monkeypatch.setattr(checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for _ in range(3):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     assert len(calls) == 1

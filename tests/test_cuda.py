@@ -395,7 +395,7 @@ def _order_buckets(row_idx, num_rows, shift):
 def test_edge_order_groups_edges_by_row_bucket(index_dtype):
     """The forward's visit order: a permutation of the edges with their row buckets non-decreasing,
     out-of-range rows in the last bucket."""
-    from edgedot._build import cuda_module
+    from edgedot.runtime.build import cuda_module
     g = gen(40)
     num_rows, num_edges, shift = 50_000, 100_000, 6  # 782 buckets
     row_idx = rand_index(num_rows, num_edges, index_dtype, "cuda", g)
@@ -414,7 +414,7 @@ def test_edge_order_groups_edges_by_row_bucket(index_dtype):
 @pytest.mark.parametrize("sorted_side", ["row", "other"])
 def test_edge_order_leaves_sorted_edges_alone(sorted_side):
     """Edges sorted by either index already read rows in order: the order is not used."""
-    from edgedot._build import cuda_module
+    from edgedot.runtime.build import cuda_module
     g = gen(41)
     row_idx = rand_index(50_000, 100_000, torch.int64, "cuda", g)
     other_idx = rand_index(3000, 100_000, torch.int64, "cuda", g)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _dropout, _gat_ops
+from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _gat_ops
+from edgedot.runtime import dropout
 from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
@@ -573,8 +574,8 @@ class _ExtensionOnCPU:
     does."""
 
     def __init__(self, src, dst, num_src, num_dst):
-        self.want = {"dst": edgedot.plan.build_side(dst, src, num_dst, num_src),
-                     "src": edgedot.plan.build_side(src, dst, num_src, num_dst)}
+        self.want = {"dst": edgedot.runtime.plan.build_side(dst, src, num_dst, num_src),
+                     "src": edgedot.runtime.plan.build_side(src, dst, num_src, num_dst)}
         self.rows = {"dst": num_dst, "src": num_src}
         self.src, self.dst = src, dst
         self.calls = []
@@ -591,8 +592,8 @@ class _ExtensionOnCPU:
         self._check("dst", dst_group, dst_offsets)
         assert isinstance(generator, torch.Generator) and isinstance(slope, float) and isinstance(p, float)
         self.calls.append(impl.__name__)
-        rng_state = _dropout.draw_cpu(generator)
-        out = impl(a, b, c, edge, self.src, self.dst, slope, p, _dropout.recorded_key(rng_state, p), return_attention)
+        rng_state = dropout.draw_cpu(generator)
+        out = impl(a, b, c, edge, self.src, self.dst, slope, p, dropout.recorded_key(rng_state, p), return_attention)
         return (*out, rng_state)
 
     def _backward(self, impl, grad_out, a, b, c, edge, out, lse, src, dst, dst_group, dst_offsets, src_group,
@@ -603,7 +604,7 @@ class _ExtensionOnCPU:
             self._check("src", src_group, src_offsets)
         self.calls.append((impl.__name__, src_grad))
         return impl(grad_out, a, b, c, edge, out, lse, self.src, self.dst, slope, p,
-                    _dropout.recorded_key(rng_state, p), edge_grad, src_grad)
+                    dropout.recorded_key(rng_state, p), edge_grad, src_grad)
 
     def gat_forward(self, *args):
         return self._forward(_cpu_gat.gat_forward, *args)
@@ -833,7 +834,7 @@ def test_cuda_matches_cpu(kind, dtype, edge, monkeypatch):
     dst[:2500] = 11  # a hub split into chunks on CUDA
     grad_out = rand_feat((700, 4, 32), dtype, "cpu", gen(7))
     state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
-    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: state.clone())
+    monkeypatch.setattr(dropout, "draw_cpu", lambda generator=None: state.clone())
 
     def run(device):
         leaves = [t if t is None else t.to(device).requires_grad_() for t in feats]
@@ -866,7 +867,7 @@ def test_cuda_dropout_state_and_mask(kind):
     state = next_dropout_state("cuda", generator)
     assert torch.equal(state, torch.tensor([77, 0]))
     out, lse, _, rng_state = kind.op(*feats, src, dst, *(None,) * 4, 0.2, p, generator, False, True)
-    assert generator.get_offset() == _dropout.OFFSET_STEP
+    assert generator.get_offset() == dropout.OFFSET_STEP
     assert torch.equal(rng_state.cpu(), state)
     keep = dropout_keep(state, src.shape[0], 4, p, "cuda")
     grad_out = rand_feat(out.shape, torch.float32, "cuda", gen(9))

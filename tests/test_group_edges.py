@@ -1,5 +1,5 @@
 """The extension's ``group_edges`` (one radix sort and one kernel) against the tensor operations
-of ``edgedot.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
+of ``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
 grouping it builds against the EdgePlan's. The kernel tests need a GPU."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 
 import edgedot
 from edgedot import _attention_ops
-from edgedot._build import cuda_module
-from edgedot.plan import build_side, group_offsets
+from edgedot.runtime.build import cuda_module
+from edgedot.runtime.plan import build_side, group_offsets
 from utils import INDEX_DTYPES, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat, requires_cuda
 
 NUM_OTHER = 1000

@@ -186,13 +186,13 @@ def test_evaluate_without_cuda_says_so(tmp_path):
 def test_harness_is_one_subpackage():
     """The KernelBench harness lives in edgedot.kernelbench (modules and C++), the library's own
     modules and csrc/ hold none of it, and the extension still builds the harness's sources."""
-    from edgedot import _sources
+    from edgedot.runtime import sources
     package = REPO / "edgedot"
     assert not (package / "kernelbench.py").exists() and not (package / "kernelbench_eval.py").exists()
     assert not list((package / "csrc").glob("kernelbench*")) and not (package / "csrc" / "index_cast.cu").exists()
     for path in ("kernelbench/csrc/kernelbench.cpp", "kernelbench/csrc/index_cast.cu"):
-        assert path in _sources.SOURCES
-    for path in _sources.SOURCES:
+        assert path in sources.SOURCES
+    for path in sources.SOURCES:
         assert (package / path).is_file(), path
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .. import __version__
-from .._build import PACKAGE, cuda_module
+from ..runtime.build import PACKAGE, cuda_module
 from ..functional import edge_dot
 from ..reference import edge_dot_reference
 
