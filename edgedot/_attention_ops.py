@@ -27,7 +27,7 @@ gradients their precision.
 
 import torch
 
-from . import _cpu_attention
+from .cpu import attention as cpu_attention
 from .runtime import dropout
 from .runtime.build import cuda_module
 from .runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair
@@ -114,7 +114,7 @@ def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator=N
 
 
 def _lse_dtype(dtype):
-    return _cpu_attention.acc_dtype(dtype)
+    return cpu_attention.acc_dtype(dtype)
 
 
 def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
@@ -178,7 +178,7 @@ def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, s
     # Always on the CPU (check_indices only spares CUDA a wait).
     _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     rng_state, key = draw_cpu(q, dropout_p, generator)
-    out, lse, alpha = _cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
+    out, lse, alpha = cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
                                              return_attention)
     return out, lse, alpha, rng_state
 
@@ -207,7 +207,7 @@ def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_
                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     key = dropout.recorded_key(rng_state, dropout_p)
-    dq, dk, dv, d_edge_feat = _cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
+    dq, dk, dv, d_edge_feat = cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
                                                       dropout_p, key, edge_feat_grad)
     return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)
 

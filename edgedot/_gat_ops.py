@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from . import _cpu_gat
+from .cpu import gat as cpu_gat
 from .runtime import dropout
 from ._attention_ops import (CUDA_MAX_DIM, MAX_EDGES, _grouping, backward_groupings, draw_cpu, forward_fake,
                              setup_context)
@@ -167,7 +167,7 @@ def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_o
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
     rng_state, key = draw_cpu(x, dropout_p, generator)
-    out, lse, alpha = _cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
+    out, lse, alpha = cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
                                            return_attention)
     return out, lse, alpha, rng_state
 
@@ -195,7 +195,7 @@ def _gat_forward_fake(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_
 def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
-    return _cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
+    return cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
                                  dropout_p, dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
 
 
@@ -229,7 +229,7 @@ def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     rng_state, key = draw_cpu(x_src, dropout_p, generator)
-    out, lse, alpha = _cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
+    out, lse, alpha = cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
                                              dropout_p, key, return_attention)
     return out, lse, alpha, rng_state
 
@@ -256,7 +256,7 @@ def _gatv2_forward_fake(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_grou
 def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
-    return _cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
+    return cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
                                    negative_slope, dropout_p, dropout.recorded_key(rng_state, dropout_p),
                                    edge_feat_grad, src_grad)
 

@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from . import _cpu_attention
+from .cpu import attention as cpu_attention
 from .runtime import dropout
 from ._attention_ops import build_grouping, check_inputs, graph_attention_op
 from .runtime.grouped import check_dst_ptr, index_to_ptr
@@ -180,4 +180,4 @@ def dropout_keep(rng_state, num_edges, heads, p, device=None):
         raise TypeError(f"p must be a real number, got {type(p).__name__}")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must lie in [0, 1], got {p}")
-    return _cpu_attention.keep_mask(dropout.key(seed, offset), 0, num_edges, heads, p, device)
+    return cpu_attention.keep_mask(dropout.key(seed, offset), 0, num_edges, heads, p, device)

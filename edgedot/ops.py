@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from . import _cpu
+from .cpu import edge_dot as cpu_edge_dot
 from .runtime.build import cuda_module
 from .runtime.checks import check_graph, check_inputs, output_shape, sorted_indices
 from .runtime.plan import check_plan_layout
@@ -46,7 +46,7 @@ def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, dete
     # Out-of-range indices are always refused on the CPU (check_indices only spares CUDA a wait).
     check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
-    return _cpu.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+    return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
 
 
 # Outcome codes of the extension's forward (edgedot/csrc/bindings.cpp).
@@ -96,7 +96,7 @@ def _check_reduction(reduction):
 def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
     # index_add_ on the CPU adds in edge order, so the CPU gradient is deterministic without a plan.
     _check_reduction(reduction)
-    return _cpu.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
+    return cpu_edge_dot.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
 
 
 torch.library.impl(_lib, "edge_dot_grad", "CUDA")(grad_cuda)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _cpu_attention
+from edgedot.cpu import attention as cpu_attention
 from edgedot.runtime import dropout
 from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
@@ -18,7 +18,7 @@ BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(_cpu_attention, "CHUNK_ELEMENTS", 1024)
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
 
 
 def make_inputs(num_src=37, num_dst=29, num_edges=300, heads=3, dim=24, dim_v=None, dtype=torch.float32,
@@ -353,7 +353,7 @@ def test_dropout_keep_rate_and_edge_ids_past_2_to_32():
     assert abs(keep.float().mean().item() - 0.7) < 0.005
     # Counters e * H + h past 2**32 feed their high half into the second round.
     start = 2**32 // 4 - 2
-    part = _cpu_attention.keep_mask(dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
+    part = cpu_attention.keep_mask(dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
     assert torch.equal(part, _keep_numpy(-77, 8, start, 4, 4, 0.5))
 
 
@@ -486,7 +486,7 @@ class _ExtensionOnCPU:
         assert isinstance(generator, torch.Generator) and isinstance(scale, float)
         rng_state = dropout.draw_cpu(generator)
         key = dropout.key(*rng_state.tolist())
-        return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
+        return cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
                            src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):
@@ -494,7 +494,7 @@ class _ExtensionOnCPU:
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
         key = dropout.key(*rng_state.tolist())
-        return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
+        return cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
                                        edge_feat_grad)
 
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _gat_ops
+from edgedot import _attention_ops, _gat_ops
+from edgedot.cpu import attention as cpu_attention
+from edgedot.cpu import gat as cpu_gat
 from edgedot.runtime import dropout
 from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
@@ -75,7 +77,7 @@ kinds = pytest.mark.parametrize("kind", KINDS, ids=repr)
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(_cpu_attention, "CHUNK_ELEMENTS", 1024)
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
 
 
 def _leaves(feats, dtype=None, requires_grad=True):
@@ -262,8 +264,8 @@ def test_source_side_gradients_skipped(kind, device, monkeypatch):
     the other gradients equal the full backward's."""
     feats, src, dst = kind.make(device=device, edge=True)
     seen = []
-    real = getattr(_cpu_gat, kind.cpu_backward)
-    monkeypatch.setattr(_cpu_gat, kind.cpu_backward, lambda *a: seen.append(a[-1]) or real(*a))
+    real = getattr(cpu_gat, kind.cpu_backward)
+    monkeypatch.setattr(cpu_gat, kind.cpu_backward, lambda *a: seen.append(a[-1]) or real(*a))
     grad_out = rand_feat((29, 3, 16), torch.float32, device, gen(5))
     dst_side = [1, 2, 3] if kind is GATV2 else [2, 3]
     leaves = _leaves(feats, requires_grad=False)
@@ -607,16 +609,16 @@ class _ExtensionOnCPU:
                     dropout.recorded_key(rng_state, p), edge_grad, src_grad)
 
     def gat_forward(self, *args):
-        return self._forward(_cpu_gat.gat_forward, *args)
+        return self._forward(cpu_gat.gat_forward, *args)
 
     def gatv2_forward(self, *args):
-        return self._forward(_cpu_gat.gatv2_forward, *args)
+        return self._forward(cpu_gat.gatv2_forward, *args)
 
     def gat_backward(self, *args):
-        return self._backward(_cpu_gat.gat_backward, *args)
+        return self._backward(cpu_gat.gat_backward, *args)
 
     def gatv2_backward(self, *args):
-        return self._backward(_cpu_gat.gatv2_backward, *args)
+        return self._backward(cpu_gat.gatv2_backward, *args)
 
 
 @pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])

@@ -9,7 +9,7 @@ passes.
 
 import torch
 
-from .runtime import dropout
+from ..runtime import dropout
 
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 18

@@ -1,11 +1,11 @@
 """CPU implementation of GAT and GATv2 attention: the chunked segment softmax of
-``_cpu_attention`` with their scores, so extra memory stays bounded whatever E is and every sum
+:mod:`edgedot.cpu.attention` with their scores, so extra memory stays bounded whatever E is and every sum
 is in edge order (deterministic). The backward recomputes the scores from the saved log-sum-exp.
 """
 
 import torch
 
-from ._cpu_attention import _gather, acc_dtype, softmax_forward, softmax_grads
+from .attention import _gather, acc_dtype, softmax_forward, softmax_grads
 
 
 def _leaky_relu(z, slope):
