@@ -8,9 +8,10 @@ is the softmax attention over each node's incoming edges built on the same idea;
 """
 
 from . import nn, ops
-from .attention import graph_attention, index_to_ptr
-from .functional import edge_dot
-from .gat import gat_attention, gatv2_attention
+from .ops.attention import graph_attention
+from .ops.edge_dot import edge_dot
+from .ops.gat import gat_attention, gatv2_attention
+from .runtime.grouped import index_to_ptr
 from .runtime.plan import EdgePlan
 from .reference import (edge_dot_reference, gat_attention_reference, gatv2_attention_reference,
                         graph_attention_reference)

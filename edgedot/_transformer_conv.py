@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, SparseTensor, adjacency,
                    attention_weights, fused_path, softmax)
-from .attention import graph_attention
+from .ops.attention import graph_attention
 
 if typing.TYPE_CHECKING:
     from typing import overload

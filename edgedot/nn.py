@@ -5,7 +5,7 @@ import torch
 
 from ._gat_conv import GATConv, GATv2Conv
 from ._transformer_conv import TransformerConv
-from .functional import edge_dot
+from .ops.edge_dot import edge_dot
 
 __all__ = ["EdgeDot", "GATConv", "GATv2Conv", "InnerProductDecoder", "TransformerConv"]
 

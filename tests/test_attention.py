@@ -6,8 +6,8 @@ import torch
 
 import edgedot
 from edgedot.cpu import attention as cpu_attention
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -503,21 +503,21 @@ def test_cuda_implementation_wiring(monkeypatch, use_plan):
     """The CUDA implementations hand the extension the groupings of the interface (built, or
     the plan's) and their results through unchanged: run on CPU tensors with the extension
     replaced by the CPU implementation."""
-    from edgedot import _attention_ops
+    from edgedot.ops import attention as attention_ops
 
     q, k, v, src, dst, ef = make_inputs(edge_feat=True, dim=8, index_dtype=torch.int32)
-    monkeypatch.setattr(_attention_ops, "cuda_module", lambda: _ExtensionOnCPU(src, dst, k.shape[0], q.shape[0]))
+    monkeypatch.setattr(attention_ops, "cuda_module", lambda: _ExtensionOnCPU(src, dst, k.shape[0], q.shape[0]))
     groups = (None,) * 4
     if use_plan:
         plan = edgedot.EdgePlan(src, dst, k.shape[0], q.shape[0])
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
-    out, lse, alpha, rng_state = _attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2,
+    out, lse, alpha, rng_state = attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2,
                                                               torch.Generator().manual_seed(5), True, True)
     want = OP(q, k, v, ef, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     for a, b in zip((out, lse, alpha, rng_state), want):
         assert torch.equal(a, b)
     grad_out = torch.randn_like(out)
-    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, rng_state,
+    got = attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, rng_state,
                                         True, True)
     want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, rng_state, True, True)
     for a, b in zip(got, want):

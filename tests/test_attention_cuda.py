@@ -353,9 +353,9 @@ def test_seed_changes_mask():
 @pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7, -3])
 def test_dropout_hash_matches_python(seed):
     """The mask written here (the agreed hash) is the Python side's, when it exists; runs on CPU."""
-    attention = pytest.importorskip("edgedot.attention")
+    attention = pytest.importorskip("edgedot.ops.attention")
     if not hasattr(attention, "dropout_keep"):
-        pytest.skip("edgedot.attention.dropout_keep not available")
+        pytest.skip("edgedot.ops.attention.dropout_keep not available")
     for offset in (0, 4, 2**40 + 8):
         mine = keep_mask(seed, 1000, 3, 0.3, offset=offset)
         theirs = attention.dropout_keep((seed, offset), 1000, 3, 0.3)

@@ -6,8 +6,8 @@ import torch
 
 import edgedot
 from edgedot.runtime import checks
-from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG, SRC_OUT_OF_RANGE,
-                             TensorMemo)
+from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
+                                    SRC_OUT_OF_RANGE, TensorMemo)
 from utils import DEVICES, gen, rand_feat, requires_cuda
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8

@@ -214,21 +214,21 @@ def test_edge_count_near_2_pow_31():
 def sort_large_gradients(monkeypatch):
     """Every gradient of >= SORT_MIN_EDGES edges in random order takes the sorting path, as if
     the L2 cache were empty: the test graphs' gradients would otherwise fit in it."""
-    from edgedot import ops
-    monkeypatch.setattr(ops, "_l2_bytes", lambda device_index: 0)
+    from edgedot.ops import edge_dot as edge_dot_ops
+    monkeypatch.setattr(edge_dot_ops, "_l2_bytes", lambda device_index: 0)
 
 
 @pytest.fixture
 def reductions(monkeypatch):
     """The reduction each eager CUDA gradient call takes, as (rows, reduction) pairs."""
-    from edgedot import ops
+    from edgedot.ops import edge_dot as edge_dot_ops
     seen = []
-    grad_cuda = ops.grad_cuda
+    grad_cuda = edge_dot_ops.grad_cuda
 
     def spy(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
         seen.append((row_feat.shape[0], reduction))
         return grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
-    monkeypatch.setattr(ops, "grad_cuda", spy)
+    monkeypatch.setattr(edge_dot_ops, "grad_cuda", spy)
     return seen
 
 

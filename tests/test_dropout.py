@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import edgedot
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from edgedot.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, gen, rand_feat, rand_index, rel_error, requires_cuda
 
 OP = torch.ops.edgedot.graph_attention.default

@@ -111,7 +111,7 @@ def test_oob_with_grad_leaves_no_grad(device):
 
 
 def test_cpu_oob_raises_even_without_check():
-    """On the CPU out-of-range indices are always refused (edgedot/ops.py), never read."""
+    """On the CPU out-of-range indices are always refused (edgedot/ops/edge_dot.py), never read."""
     a = _good("cpu")
     for name, value in (("src_idx", NUM_SRC), ("dst_idx", -1)):
         bad = _with(a, **{name: _bad_index(a[name], 2, value)})
@@ -479,10 +479,10 @@ def test_inference_mode_indices_are_checked_every_call(device):
 
 
 def test_sortedness_is_learned_once_and_forgotten_on_change():
-    from edgedot import ops
+    from edgedot.ops import edge_dot as edge_dot_ops
     from edgedot.runtime.checks import sorted_indices
     idx = torch.arange(10)
-    assert ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
+    assert edge_dot_ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
     idx[3] = 0
-    assert sorted_indices.get(idx) is None and ops._is_sorted(idx) is False
-    assert ops._is_sorted(torch.tensor([2, 2, 5])) is True
+    assert sorted_indices.get(idx) is None and edge_dot_ops._is_sorted(idx) is False
+    assert edge_dot_ops._is_sorted(torch.tensor([2, 2, 5])) is True

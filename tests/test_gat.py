@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _gat_ops
 from edgedot.cpu import attention as cpu_attention
 from edgedot.cpu import gat as cpu_gat
+from edgedot.ops import attention as attention_ops
+from edgedot.ops import gat as gat_ops
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from edgedot.attention import dropout_keep, next_dropout_state
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -631,14 +632,14 @@ def test_cuda_implementation_wiring(kind, monkeypatch, use_plan):
     feats, src, dst = kind.make(edge=True, dim=8, index_dtype=torch.int32)
     num_src, num_dst = feats[0].shape[0], (feats[2] if kind is GAT else feats[1]).shape[0]
     ext = _ExtensionOnCPU(src, dst, num_src, num_dst)
-    monkeypatch.setattr(_gat_ops, "cuda_module", lambda: ext)
-    monkeypatch.setattr(_attention_ops, "cuda_module", lambda: pytest.fail("CPU tensors never build on CUDA"))
+    monkeypatch.setattr(gat_ops, "cuda_module", lambda: ext)
+    monkeypatch.setattr(attention_ops, "cuda_module", lambda: pytest.fail("CPU tensors never build on CUDA"))
     groups = (None,) * 4
     if use_plan:
         plan = edgedot.EdgePlan(src, dst, num_src, num_dst)
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
-    forward = _gat_ops._gat_forward_cuda if kind is GAT else _gat_ops._gatv2_forward_cuda
-    backward = _gat_ops._gat_backward_cuda if kind is GAT else _gat_ops._gatv2_backward_cuda
+    forward = gat_ops._gat_forward_cuda if kind is GAT else gat_ops._gatv2_forward_cuda
+    backward = gat_ops._gat_backward_cuda if kind is GAT else gat_ops._gatv2_backward_cuda
     got = forward(*feats, src, dst, *groups, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     want = kind.op(*feats, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     for a, b in zip(got, want):

@@ -11,7 +11,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, assert_grads_close, close_or_zero, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pytest.importorskip("torch_geometric")

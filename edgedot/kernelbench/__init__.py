@@ -31,7 +31,7 @@ from torch import nn
 
 from .. import __version__
 from ..runtime.build import PACKAGE, cuda_module
-from ..functional import edge_dot
+from ..ops.edge_dot import edge_dot
 from ..reference import edge_dot_reference
 
 __all__ = [
