@@ -139,7 +139,42 @@ def test_pure_wheel_ships_every_extension_file(tmp_path):
     missing = [name for name in sources.extension_files(PACKAGE) if f"edgedot/{name}" not in names]
     assert not missing, f"the wheel lacks {missing}"
     assert "edgedot/runtime/sources.py" in names and "edgedot/_build_info.py" not in names
+    subpackages = sorted(f"edgedot/{path.parent.relative_to(PACKAGE).as_posix()}/__init__.py"
+                         for path in PACKAGE.glob("*/__init__.py"))
+    assert {"edgedot/ops/__init__.py", "edgedot/nn/__init__.py", "edgedot/runtime/__init__.py"} <= set(subpackages)
+    assert not [name for name in subpackages if name not in names], "the wheel lacks a subpackage"
     assert not [name for name in names if name.startswith("edgedot/_C")]
+
+
+# ---- the import ------------------------------------------------------------------------------
+
+LEAN_IMPORT = """
+import sys
+
+import edgedot
+import edgedot.cpu.gat, edgedot.distributed, edgedot.ops, edgedot.reference, edgedot.runtime.build
+assert "torch_geometric" not in sys.modules, "import edgedot imported torch_geometric"
+assert "edgedot.nn" not in sys.modules, "import edgedot imported edgedot.nn"
+
+import torch
+
+layer = edgedot.nn.GATConv(4, 5, heads=2)
+assert edgedot.nn is sys.modules["edgedot.nn"] and "nn" in edgedot.__all__
+out = layer(torch.randn(3, 4), torch.tensor([[0, 1, 2], [1, 2, 0]]))
+assert out.shape == (3, 10), out.shape
+print("ok")
+"""
+
+
+def test_import_is_lean():
+    """``import edgedot`` (its ops, runtime, CPU code, distributed) leaves ``torch_geometric`` and
+    ``edgedot.nn`` unimported, in a fresh process; ``edgedot.nn`` loads on first access and its
+    layers work."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", LEAN_IMPORT], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok"]
 
 
 # ---- edgedot.runtime.build: prebuilt or just in time -----------------------------------------
