@@ -1,5 +1,5 @@
-"""EdgePlan: the packed layout documented in edgedot/runtime/plan.py ``build_side``, checked on the CPU,
-and an independent emulation of the plan-driven backward that only reads the unpacked plan."""
+"""EdgePlan: the packed layout documented in edgedot/runtime/plan.py ``build_side``, checked on the
+CPU, and an independent emulation of the plan-driven backward that only reads the unpacked plan."""
 
 import pytest
 import torch
