@@ -1,6 +1,6 @@
 """Packaging of edgedot: a pure-Python wheel by default, a CUDA wheel with ``EDGEDOT_BUILD_CUDA=1``.
 
-Default: the package and its CUDA sources; the kernels are built on first use (edgedot/_build.py).
+Default: the package and its CUDA sources; the kernels are built on first use (edgedot/runtime/build.py).
 
 ``EDGEDOT_BUILD_CUDA=1``: also compiles the extension ``edgedot._C`` ahead of time with torch's
 ``CUDAExtension``, against the torch of the build environment (pip needs ``--no-build-isolation``
@@ -9,7 +9,7 @@ through the PTX), with ``MAX_JOBS`` parallel compiles (default: one per core, at
 3 GiB of available memory). Beside the binary it writes ``edgedot/_build_info.py``, the record
 edgedot checks before loading it (torch and CUDA version, arch list, source fingerprint), and the
 wheel's version carries torch and CUDA: ``0.1.0+pt211cu130``. Sources and flags come from
-edgedot/_sources.py, which the just-in-time build reads too. docs/install.md has both routes.
+edgedot/runtime/sources.py, which the just-in-time build reads too. docs/install.md has both routes.
 """
 
 import ast
@@ -29,8 +29,8 @@ RECORD = "_build_info"
 
 
 def load_sources():
-    """edgedot/_sources.py, loaded by path: no torch and no package import."""
-    spec = importlib.util.spec_from_file_location("edgedot_sources", PACKAGE / "_sources.py")
+    """edgedot/runtime/sources.py, loaded by path: no torch and no package import."""
+    spec = importlib.util.spec_from_file_location("edgedot_sources", PACKAGE / "runtime" / "sources.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -75,7 +75,7 @@ def default_max_jobs(cpus, memory):
 def record_text(torch_version, cuda_version, arch_list, fingerprint):
     """Source of edgedot/_build_info.py for a build with these."""
     return ('"""Record of the ahead-of-time build of edgedot._C, written by setup.py and checked by\n'
-            'edgedot._build before it loads the binary."""\n\n'
+            'edgedot.runtime.build before it loads the binary."""\n\n'
             f"TORCH_VERSION = {torch_version!r}\n"
             f"CUDA_VERSION = {cuda_version!r}\n"
             f"ARCH_LIST = {arch_list!r}\n"
@@ -92,7 +92,7 @@ class BuildPyWithoutRecord(build_py):
 
 
 def cuda_extension(sources):
-    """The ``CUDAExtension`` ``edgedot._C`` of ``sources`` (edgedot/_sources.py)."""
+    """The ``CUDAExtension`` ``edgedot._C`` of ``sources`` (edgedot/runtime/sources.py)."""
     from torch.utils.cpp_extension import CUDAExtension
 
     return CUDAExtension(

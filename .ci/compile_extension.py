@@ -1,7 +1,7 @@
 """Compiles the CUDA extension the way a CUDA wheel build does, up to its link step.
 
 setup.py's own ``CUDAExtension`` and ``BuildExtension`` (its default ``TORCH_CUDA_ARCH_LIST`` and
-``MAX_JOBS`` bound, the flags of edgedot/_sources.py, ninja), with the link left out: CI's torch is
+``MAX_JOBS`` bound, the flags of edgedot/runtime/sources.py, ninja), with the link left out: CI's torch is
 a CPU build, without the CUDA libraries the link needs. Then checks the build record written beside
 the (unlinked) binary.
 """

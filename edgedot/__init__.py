@@ -7,15 +7,32 @@ is the softmax attention over each node's incoming edges built on the same idea;
 ``gat_attention`` and ``gatv2_attention`` are GAT's and GATv2's attention.
 """
 
-from . import nn, ops
-from .attention import graph_attention, index_to_ptr
-from .functional import edge_dot
-from .gat import gat_attention, gatv2_attention
-from .plan import EdgePlan
+import importlib
+
+from . import ops
+from .ops.attention import graph_attention
+from .ops.edge_dot import edge_dot
+from .ops.gat import gat_attention, gatv2_attention
 from .reference import (edge_dot_reference, gat_attention_reference, gatv2_attention_reference,
                         graph_attention_reference)
+from .runtime.grouped import index_to_ptr
+from .runtime.plan import EdgePlan
 
 __all__ = ["edge_dot", "graph_attention", "gat_attention", "gatv2_attention", "index_to_ptr", "EdgePlan",
            "edge_dot_reference", "graph_attention_reference", "gat_attention_reference", "gatv2_attention_reference",
            "nn", "ops"]
 __version__ = "0.1.0"
+
+# Subpackages imported on first access, so that ``import edgedot`` stays lean: edgedot.nn imports
+# torch_geometric (where it is installed) for its PyG layers.
+_LAZY_SUBPACKAGES = ("nn",)
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)  # the import binds it here: called once
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBPACKAGES))

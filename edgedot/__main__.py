@@ -12,7 +12,7 @@ import time
 import torch
 
 from . import kernelbench
-from .functional import edge_dot
+from .ops.edge_dot import edge_dot
 from .reference import edge_dot_reference
 
 

@@ -42,7 +42,7 @@ import sys
 import zipfile
 
 wheel, package, cuda = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-spec = importlib.util.spec_from_file_location("edgedot_sources", f"{package}/_sources.py")
+spec = importlib.util.spec_from_file_location("edgedot_sources", f"{package}/runtime/sources.py")
 sources = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sources)
 names = set(zipfile.ZipFile(wheel).namelist())

@@ -99,7 +99,7 @@ for stage in $stages; do
   start=$(date +%s)
   case $stage in
     build)
-      python3 -c "from edgedot._build import cuda_module; cuda_module()" ;;
+      python3 -c "from edgedot.runtime.build import cuda_module; cuda_module()" ;;
     tests)
       # Workers share the GPU; no test depends on another's timing.
       python3 -m pytest -q tests -p no:cacheprovider -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} 2>&1 \

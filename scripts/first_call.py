@@ -34,7 +34,7 @@ def main():
     import torch
 
     import edgedot
-    from edgedot import _build
+    from edgedot.runtime import build
     at_import = since_process_start()
 
     if not torch.cuda.is_available():
@@ -55,7 +55,7 @@ def main():
 
     expected = edgedot.edge_dot_reference(src.double(), dst.double(), src_idx, dst_idx)
     error = ((out.double() - expected).norm() / expected.norm()).item()
-    module = _build.cuda_module()
+    module = build.cuda_module()
     print(f"edgedot {edgedot.__file__}")
     print(f"extension {module.__name__} ({getattr(module, '__file__', '?')})")
     print(f"process start -> import edgedot {at_import:.2f} s, -> CUDA context {at_context:.2f} s, "
@@ -64,8 +64,8 @@ def main():
     failures = []
     if not error <= 1e-5:
         failures.append(f"relative error {error:.1e} against float64")
-    if args.expect_prebuilt and module.__name__ != _build.PREBUILT:
-        failures.append(f"the extension is {module.__name__}, not the prebuilt {_build.PREBUILT}")
+    if args.expect_prebuilt and module.__name__ != build.PREBUILT:
+        failures.append(f"the extension is {module.__name__}, not the prebuilt {build.PREBUILT}")
     if args.max_first_call is not None and first_call > args.max_first_call:
         failures.append(f"the first call took {first_call:.2f} s, over {args.max_first_call} s")
     if failures:

@@ -81,8 +81,9 @@ def attention_calls(q, k, v, ef, src, dst, p, return_attention, grouped=False):
     """Graph attention forward and backward through the extension, with groupings of src / dst
     (out-of-range indices included: build_side maps them past the rows or to -1); grouped: dst
     sorted and given as its CSR pointer instead of a grouping."""
-    import edgedot.plan
-    ext = edgedot._build.cuda_module()
+    import edgedot.runtime.build
+    import edgedot.runtime.plan
+    ext = edgedot.runtime.build.cuda_module()
     num_dst, num_src = q.shape[0], k.shape[0]
     if grouped:
         dst, order = torch.sort(dst, stable=True)
@@ -90,7 +91,7 @@ def attention_calls(q, k, v, ef, src, dst, p, return_attention, grouped=False):
         ef = None if ef is None else ef[order]
     groups = []
     for rows, other, num_rows, num_other in ((dst, src, num_dst, num_src), (src, dst, num_src, num_dst)):
-        group = edgedot.plan.build_side(rows, other, num_rows, num_other)
+        group = edgedot.runtime.plan.build_side(rows, other, num_rows, num_other)
         keys = group[group.shape[0] // 2:] >> 32
         groups += [group, torch.searchsorted(keys, torch.arange(num_rows + 1, device=dev))]
     if grouped:

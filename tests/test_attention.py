@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _cpu_attention, _dropout
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.cpu import attention as cpu_attention
+from edgedot.ops.attention import dropout_keep, next_dropout_state
+from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -17,7 +18,7 @@ BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(_cpu_attention, "CHUNK_ELEMENTS", 1024)
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
 
 
 def make_inputs(num_src=37, num_dst=29, num_edges=300, heads=3, dim=24, dim_v=None, dtype=torch.float32,
@@ -352,7 +353,7 @@ def test_dropout_keep_rate_and_edge_ids_past_2_to_32():
     assert abs(keep.float().mean().item() - 0.7) < 0.005
     # Counters e * H + h past 2**32 feed their high half into the second round.
     start = 2**32 // 4 - 2
-    part = _cpu_attention.keep_mask(_dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
+    part = cpu_attention.keep_mask(dropout.key(-77, 8), start, start + 4, 4, 0.5, "cpu")
     assert torch.equal(part, _keep_numpy(-77, 8, start, 4, 4, 0.5))
 
 
@@ -467,8 +468,8 @@ class _ExtensionOnCPU:
     handed against their definition, then computes with the CPU implementation."""
 
     def __init__(self, src, dst, num_src, num_dst):
-        self.want = {"dst": edgedot.plan.build_side(dst, src, num_dst, num_src),
-                     "src": edgedot.plan.build_side(src, dst, num_src, num_dst)}
+        self.want = {"dst": edgedot.runtime.plan.build_side(dst, src, num_dst, num_src),
+                     "src": edgedot.runtime.plan.build_side(src, dst, num_src, num_dst)}
         self.rows = {"dst": num_dst, "src": num_src}
         self.src, self.dst = src, dst
 
@@ -483,17 +484,17 @@ class _ExtensionOnCPU:
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst)
         self._check("dst", dst_group, dst_offsets)
         assert isinstance(generator, torch.Generator) and isinstance(scale, float)
-        rng_state = _dropout.draw_cpu(generator)
-        key = _dropout.key(*rng_state.tolist())
-        return _cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
+        rng_state = dropout.draw_cpu(generator)
+        key = dropout.key(*rng_state.tolist())
+        return cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
                            src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and kv_grad
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
-        key = _dropout.key(*rng_state.tolist())
-        return _cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
+        key = dropout.key(*rng_state.tolist())
+        return cpu_attention.backward(grad_out, q, k, v, ef, out, lse, self.src, self.dst, scale, p, key,
                                        edge_feat_grad)
 
 
@@ -502,21 +503,21 @@ def test_cuda_implementation_wiring(monkeypatch, use_plan):
     """The CUDA implementations hand the extension the groupings of the interface (built, or
     the plan's) and their results through unchanged: run on CPU tensors with the extension
     replaced by the CPU implementation."""
-    from edgedot import _attention_ops
+    from edgedot.ops import attention as attention_ops
 
     q, k, v, src, dst, ef = make_inputs(edge_feat=True, dim=8, index_dtype=torch.int32)
-    monkeypatch.setattr(_attention_ops, "cuda_module", lambda: _ExtensionOnCPU(src, dst, k.shape[0], q.shape[0]))
+    monkeypatch.setattr(attention_ops, "cuda_module", lambda: _ExtensionOnCPU(src, dst, k.shape[0], q.shape[0]))
     groups = (None,) * 4
     if use_plan:
         plan = edgedot.EdgePlan(src, dst, k.shape[0], q.shape[0])
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
-    out, lse, alpha, rng_state = _attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2,
+    out, lse, alpha, rng_state = attention_ops._forward_cuda(q, k, v, ef, src, dst, *groups, 0.3, 0.2,
                                                               torch.Generator().manual_seed(5), True, True)
     want = OP(q, k, v, ef, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     for a, b in zip((out, lse, alpha, rng_state), want):
         assert torch.equal(a, b)
     grad_out = torch.randn_like(out)
-    got = _attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, rng_state,
+    got = attention_ops._backward_cuda(grad_out, q, k, v, ef, out, lse, src, dst, *groups, 0.3, 0.2, rng_state,
                                         True, True)
     want = BACKWARD_OP(grad_out, q, k, v, ef, out, lse, src, dst, *(None,) * 4, 0.3, 0.2, rng_state, True, True)
     for a, b in zip(got, want):
@@ -615,7 +616,7 @@ def test_cuda_matches_cpu(dtype, edge_feat, monkeypatch):
                                         index_dtype=torch.int32)
     grad_out = rand_feat((q.shape[0], 4, 32), dtype, "cpu", gen(7))
     cuda_state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
-    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: cuda_state.clone())
+    monkeypatch.setattr(dropout, "draw_cpu", lambda generator=None: cuda_state.clone())
 
     def run(device):
         leaves = [t.to(device).requires_grad_() for t in (q, k, v) + ((ef,) if edge_feat else ())]

@@ -1,5 +1,5 @@
 """The CUDA graph attention kernels, called directly through the extension
-(``attention_forward`` / ``attention_backward``) with groupings from ``edgedot.plan.build_side``,
+(``attention_forward`` / ``attention_backward``) with groupings from ``edgedot.runtime.plan.build_side``,
 against a float64 unfused reference written here (gather, scatter_reduce amax, exp, index_add).
 Skipped without a GPU, apart from the dropout hash's check against the Python side's."""
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import edgedot
-import edgedot.plan
+import edgedot.runtime.build
+import edgedot.runtime.plan
 from utils import FEAT_DTYPES, dtype_id, gen, rand_feat, rel_error, requires_cuda
 
 # Relative-error floors: float32 and float64 as agreed for these kernels; half types also pass at
@@ -53,7 +54,7 @@ def keep_mask(seed, num_edges, heads, p, device="cpu", offset=0):
 
 def grouping(row_idx, other_idx, num_rows, num_other):
     """build_side's grouping and its offsets [num_rows + 1]."""
-    group = edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other)
+    group = edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other)
     rows = group[group.shape[0] // 2:] >> 32
     offsets = torch.searchsorted(rows, torch.arange(num_rows + 1, device=rows.device, dtype=torch.int64))
     return group, offsets
@@ -115,7 +116,7 @@ def run(q, k, v, ef, src, dst, scale, p=0.0, seed=0, return_attention=True, edge
     """Forward and backward through the extension: ((out, lse, alpha), (dq, dk, dv, d_ef)). Dropout
     draws from a fresh CUDA generator seeded with ``seed``: the state (seed, 0), which the forward
     must return as rng_state."""
-    ext = edgedot._build.cuda_module()
+    ext = edgedot.runtime.build.cuda_module()
     num_dst, num_src = q.shape[0], k.shape[0]
     dst_group, dst_offsets = groups[0] if groups else grouping(dst, src, num_dst, num_src)
     src_group, src_offsets = groups[1] if groups else grouping(src, dst, num_src, num_dst)
@@ -352,9 +353,9 @@ def test_seed_changes_mask():
 @pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7, -3])
 def test_dropout_hash_matches_python(seed):
     """The mask written here (the agreed hash) is the Python side's, when it exists; runs on CPU."""
-    attention = pytest.importorskip("edgedot.attention")
+    attention = pytest.importorskip("edgedot.ops.attention")
     if not hasattr(attention, "dropout_keep"):
-        pytest.skip("edgedot.attention.dropout_keep not available")
+        pytest.skip("edgedot.ops.attention.dropout_keep not available")
     for offset in (0, 4, 2**40 + 8):
         mine = keep_mask(seed, 1000, 3, 0.3, offset=offset)
         theirs = attention.dropout_keep((seed, offset), 1000, 3, 0.3)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _checks
+from edgedot.ops import attention as attention_ops
+from edgedot.runtime import checks
 from test_attention_cuda import full_check, grouping, inputs, run
 from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, requires_cuda
 
@@ -143,8 +144,8 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     remembered until either changes."""
     q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
     calls = []
-    real = _checks.graph_flags
-    monkeypatch.setattr(_checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = checks.graph_flags
+    monkeypatch.setattr(checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for _ in range(3):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     assert len(calls) == 1
@@ -168,8 +169,8 @@ def test_backward_without_key_value_gradients(device, monkeypatch):
     src, dst = sorted_graph(30, 20, 200, device, g)
     grad_out = rand_feat((20, 2, 8), torch.float32, device, g)
     seen = []
-    real = _attention_ops.graph_attention_backward_op
-    monkeypatch.setattr(_attention_ops, "graph_attention_backward_op",
+    real = attention_ops.graph_attention_backward_op
+    monkeypatch.setattr(attention_ops, "graph_attention_backward_op",
                         lambda *a: seen.append(a[-1]) or real(*a))
     q1 = q.clone().requires_grad_()
     dq_alone, = torch.autograd.grad(edgedot.graph_attention(q1, k, v, src, dst), q1, grad_out)

@@ -297,7 +297,7 @@ def test_deterministic_bitwise(device, dtype):
 def test_deterministic_bitwise_on_rmat(device):
     """A power-law R-MAT graph (Graph500 parameters): its hot rows span many chunks.
     Deterministic mode, with and without a plan, gives the same bits in every one of 5 runs."""
-    from edgedot._graphs import rmat_edges
+    from edgedot.bench.graphs import rmat_edges
     scale, num_edges = (16, 1 << 20) if device == "cuda" else (10, 1 << 14)
     src_idx, dst_idx = rmat_edges(scale, num_edges, torch.Generator(device).manual_seed(5))
     assert torch.bincount(src_idx).max() > CHUNK_EDGES, "no hot row: the graph does not test splitting"

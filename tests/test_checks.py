@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _checks
-from edgedot._checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG, SRC_OUT_OF_RANGE,
-                             TensorMemo)
+from edgedot.runtime import checks
+from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
+                                    SRC_OUT_OF_RANGE, TensorMemo)
 from utils import DEVICES, gen, rand_feat, requires_cuda
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8
@@ -18,13 +18,13 @@ def waits(monkeypatch):
     """One entry per fused check (on CUDA, one wait for the device each): (check_src, check_dst,
     with dst_ptr)."""
     calls = []
-    real = _checks.graph_flags
+    real = checks.graph_flags
 
     def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.append((check_src, check_dst, dst_ptr is not None))
         return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    monkeypatch.setattr(_checks, "graph_flags", counted)
+    monkeypatch.setattr(checks, "graph_flags", counted)
     return calls
 
 
@@ -106,7 +106,7 @@ def test_memo_declines_tensors_it_cannot_key():
 
 
 def _flags(src, dst, ptr=None, num_src=NUM_SRC, num_dst=NUM_DST, check_src=True, check_dst=True):
-    return _checks.graph_flags(src, num_src, dst, num_dst, ptr, check_src, check_dst)
+    return checks.graph_flags(src, num_src, dst, num_dst, ptr, check_src, check_dst)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -214,21 +214,21 @@ def test_edge_count_near_2_pow_31():
 def sort_large_gradients(monkeypatch):
     """Every gradient of >= SORT_MIN_EDGES edges in random order takes the sorting path, as if
     the L2 cache were empty: the test graphs' gradients would otherwise fit in it."""
-    from edgedot import ops
-    monkeypatch.setattr(ops, "_l2_bytes", lambda device_index: 0)
+    from edgedot.ops import edge_dot as edge_dot_ops
+    monkeypatch.setattr(edge_dot_ops, "_l2_bytes", lambda device_index: 0)
 
 
 @pytest.fixture
 def reductions(monkeypatch):
     """The reduction each eager CUDA gradient call takes, as (rows, reduction) pairs."""
-    from edgedot import ops
+    from edgedot.ops import edge_dot as edge_dot_ops
     seen = []
-    grad_cuda = ops.grad_cuda
+    grad_cuda = edge_dot_ops.grad_cuda
 
     def spy(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
         seen.append((row_feat.shape[0], reduction))
         return grad_cuda(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
-    monkeypatch.setattr(ops, "grad_cuda", spy)
+    monkeypatch.setattr(edge_dot_ops, "grad_cuda", spy)
     return seen
 
 
@@ -395,7 +395,7 @@ def _order_buckets(row_idx, num_rows, shift):
 def test_edge_order_groups_edges_by_row_bucket(index_dtype):
     """The forward's visit order: a permutation of the edges with their row buckets non-decreasing,
     out-of-range rows in the last bucket."""
-    from edgedot._build import cuda_module
+    from edgedot.runtime.build import cuda_module
     g = gen(40)
     num_rows, num_edges, shift = 50_000, 100_000, 6  # 782 buckets
     row_idx = rand_index(num_rows, num_edges, index_dtype, "cuda", g)
@@ -414,7 +414,7 @@ def test_edge_order_groups_edges_by_row_bucket(index_dtype):
 @pytest.mark.parametrize("sorted_side", ["row", "other"])
 def test_edge_order_leaves_sorted_edges_alone(sorted_side):
     """Edges sorted by either index already read rows in order: the order is not used."""
-    from edgedot._build import cuda_module
+    from edgedot.runtime.build import cuda_module
     g = gen(41)
     row_idx = rand_index(50_000, 100_000, torch.int64, "cuda", g)
     other_idx = rand_index(3000, 100_000, torch.int64, "cuda", g)

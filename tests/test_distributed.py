@@ -79,7 +79,7 @@ def test_sharded_edge_dot_gloo(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_edge_dot_cuda_over_gloo(world_size):
     # Builds (or loads) the CUDA extension here, outside the spawned processes' time limit.
-    from edgedot._build import cuda_module
+    from edgedot.runtime.build import cuda_module
     cuda_module()
     _run_group(world_size, "cuda")
 

@@ -1,4 +1,4 @@
-"""Dropout state of graph_attention (edgedot/_dropout.py): the (seed, offset) a call draws, the
+"""Dropout state of graph_attention (edgedot/runtime/dropout.py): the (seed, offset) a call draws, the
 rng_state its forward returns and its backward reads, reproduction of the mask, generators,
 torch.compile; on CUDA, no host synchronisation and CUDA graph replays that draw new masks."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _dropout
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.ops.attention import dropout_keep, next_dropout_state
+from edgedot.runtime import dropout
 from utils import DEVICES, gen, rand_feat, rand_index, rel_error, requires_cuda
 
 OP = torch.ops.edgedot.graph_attention.default
@@ -116,7 +116,7 @@ def test_autograd_after_generator_moved_on(device):
 
 def test_gradcheck_with_fixed_state(monkeypatch):
     """gradcheck of forward and backward under one fixed state with a nonzero offset."""
-    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: torch.tensor([-12345, 40]))
+    monkeypatch.setattr(dropout, "draw_cpu", lambda generator=None: torch.tensor([-12345, 40]))
     q, k, v, ef, src, dst = inputs("cpu", num_src=6, num_dst=5, num_edges=30, heads=2, dim=3)
     leaves = [t.requires_grad_() for t in (q, k, v, ef)]
 
@@ -137,7 +137,7 @@ def test_next_state_draws_nothing():
     assert first[1] == 0, "CPU states have offset 0"
     torch.manual_seed(5)
     state = next_dropout_state()
-    assert torch.equal(_dropout.draw_cpu(), state)
+    assert torch.equal(dropout.draw_cpu(), state)
 
 
 def test_key_mixes_seed_and_offset():
@@ -181,9 +181,9 @@ def test_generator_of_another_device():
     with pytest.raises(ValueError, match="generator is on cpu but the inputs are on meta"):
         edgedot.graph_attention(q, k, v, src, dst, dropout_p=0.5, generator=torch.Generator())
     with pytest.raises(ValueError, match="generator is on cpu but the inputs are on cuda:0"):
-        _dropout.check_generator(torch.Generator(), torch.device("cuda", 0))
+        dropout.check_generator(torch.Generator(), torch.device("cuda", 0))
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
-        _dropout.check_generator("cpu", "cpu")
+        dropout.check_generator("cpu", "cpu")
     with pytest.raises(ValueError, match="generator is on cpu"):
         next_dropout_state("meta", torch.Generator())
 
@@ -258,7 +258,7 @@ def test_cuda_mask_equals_public_reproduction():
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, ef)]
     out = edgedot.graph_attention(*leaves[:3], src, dst, scale=0.35, edge_feat=leaves[3], dropout_p=p,
                                   generator=generator)
-    assert generator.get_offset() == _dropout.OFFSET_STEP
+    assert generator.get_offset() == dropout.OFFSET_STEP
     grad_out = rand_feat(out.shape, torch.float32, "cuda", gen(9))
     grads = torch.autograd.grad(out, leaves, grad_out)
     keep = dropout_keep(state, src.shape[0], q.shape[1], p, "cuda")
@@ -267,7 +267,7 @@ def test_cuda_mask_equals_public_reproduction():
     assert_close_to(grads, grads64, 1e-5)
     # The op's own rng_state says the same.
     *_, rng_state = OP(*op_args(q, k, v, ef, src, dst, p, generator))
-    assert torch.equal(rng_state.cpu(), torch.tensor([77, _dropout.OFFSET_STEP]))
+    assert torch.equal(rng_state.cpu(), torch.tensor([77, dropout.OFFSET_STEP]))
 
 
 @requires_cuda

@@ -111,7 +111,7 @@ def test_oob_with_grad_leaves_no_grad(device):
 
 
 def test_cpu_oob_raises_even_without_check():
-    """On the CPU out-of-range indices are always refused (edgedot/ops.py), never read."""
+    """On the CPU out-of-range indices are always refused (edgedot/ops/edge_dot.py), never read."""
     a = _good("cpu")
     for name, value in (("src_idx", NUM_SRC), ("dst_idx", -1)):
         bad = _with(a, **{name: _bad_index(a[name], 2, value)})
@@ -316,7 +316,7 @@ def test_cuda_devices_mixed():
         _call(a, plan=plan)
 
 
-# Index tensors found in range are remembered (edgedot._checks.InRangeIndices) until they change.
+# Index tensors found in range are remembered (edgedot.runtime.checks.InRangeIndices) until they change.
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_index_modified_in_place_after_a_checked_call_is_checked_again(device):
@@ -354,15 +354,15 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
 def count_range_checks(monkeypatch):
     """Counts the passes over index tensors that edge_dot's CPU path and graph_attention make
     (``graph_flags``: on CUDA one wait for the device each), by the index tensors each covers."""
-    from edgedot import _checks
+    from edgedot.runtime import checks
     calls = []
-    real = _checks.graph_flags
+    real = checks.graph_flags
 
     def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.extend(["src_idx"] * check_src + ["dst_idx"] * check_dst)
         return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    monkeypatch.setattr(_checks, "graph_flags", counted)
+    monkeypatch.setattr(checks, "graph_flags", counted)
     return calls
 
 
@@ -405,7 +405,7 @@ def test_memo_never_answers_for_changed_or_reused_memory():
     """An entry dies with its base; a tensor sharing memory without the version counter (``.data``,
     a compiled graph's reinterpreted views) is never trusted; views differing in offset, length,
     stride or dtype are distinct."""
-    from edgedot._checks import TensorMemo
+    from edgedot.runtime.checks import TensorMemo
     memo = TensorMemo()
     base = torch.arange(12)
     memo.put(base[2:8], "fact")
@@ -455,7 +455,7 @@ def test_cuda_memo_of_many_graphs_stays_correct():
 
 
 def test_remembered_indices_do_not_outlive_their_tensors():
-    from edgedot._checks import InRangeIndices
+    from edgedot.runtime.checks import InRangeIndices
     cache = InRangeIndices()
     idx = torch.arange(10)
     cache.add(idx, 10)
@@ -479,10 +479,10 @@ def test_inference_mode_indices_are_checked_every_call(device):
 
 
 def test_sortedness_is_learned_once_and_forgotten_on_change():
-    from edgedot import ops
-    from edgedot._checks import sorted_indices
+    from edgedot.ops import edge_dot as edge_dot_ops
+    from edgedot.runtime.checks import sorted_indices
     idx = torch.arange(10)
-    assert ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
+    assert edge_dot_ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
     idx[3] = 0
-    assert sorted_indices.get(idx) is None and ops._is_sorted(idx) is False
-    assert ops._is_sorted(torch.tensor([2, 2, 5])) is True
+    assert sorted_indices.get(idx) is None and edge_dot_ops._is_sorted(idx) is False
+    assert edge_dot_ops._is_sorted(torch.tensor([2, 2, 5])) is True

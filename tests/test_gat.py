@@ -7,8 +7,12 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops, _cpu_attention, _cpu_gat, _dropout, _gat_ops
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.cpu import attention as cpu_attention
+from edgedot.cpu import gat as cpu_gat
+from edgedot.ops import attention as attention_ops
+from edgedot.ops import gat as gat_ops
+from edgedot.ops.attention import dropout_keep, next_dropout_state
+from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
                    rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
@@ -74,7 +78,7 @@ kinds = pytest.mark.parametrize("kind", KINDS, ids=repr)
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(_cpu_attention, "CHUNK_ELEMENTS", 1024)
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
 
 
 def _leaves(feats, dtype=None, requires_grad=True):
@@ -261,8 +265,8 @@ def test_source_side_gradients_skipped(kind, device, monkeypatch):
     the other gradients equal the full backward's."""
     feats, src, dst = kind.make(device=device, edge=True)
     seen = []
-    real = getattr(_cpu_gat, kind.cpu_backward)
-    monkeypatch.setattr(_cpu_gat, kind.cpu_backward, lambda *a: seen.append(a[-1]) or real(*a))
+    real = getattr(cpu_gat, kind.cpu_backward)
+    monkeypatch.setattr(cpu_gat, kind.cpu_backward, lambda *a: seen.append(a[-1]) or real(*a))
     grad_out = rand_feat((29, 3, 16), torch.float32, device, gen(5))
     dst_side = [1, 2, 3] if kind is GATV2 else [2, 3]
     leaves = _leaves(feats, requires_grad=False)
@@ -573,8 +577,8 @@ class _ExtensionOnCPU:
     does."""
 
     def __init__(self, src, dst, num_src, num_dst):
-        self.want = {"dst": edgedot.plan.build_side(dst, src, num_dst, num_src),
-                     "src": edgedot.plan.build_side(src, dst, num_src, num_dst)}
+        self.want = {"dst": edgedot.runtime.plan.build_side(dst, src, num_dst, num_src),
+                     "src": edgedot.runtime.plan.build_side(src, dst, num_src, num_dst)}
         self.rows = {"dst": num_dst, "src": num_src}
         self.src, self.dst = src, dst
         self.calls = []
@@ -591,8 +595,8 @@ class _ExtensionOnCPU:
         self._check("dst", dst_group, dst_offsets)
         assert isinstance(generator, torch.Generator) and isinstance(slope, float) and isinstance(p, float)
         self.calls.append(impl.__name__)
-        rng_state = _dropout.draw_cpu(generator)
-        out = impl(a, b, c, edge, self.src, self.dst, slope, p, _dropout.recorded_key(rng_state, p), return_attention)
+        rng_state = dropout.draw_cpu(generator)
+        out = impl(a, b, c, edge, self.src, self.dst, slope, p, dropout.recorded_key(rng_state, p), return_attention)
         return (*out, rng_state)
 
     def _backward(self, impl, grad_out, a, b, c, edge, out, lse, src, dst, dst_group, dst_offsets, src_group,
@@ -603,19 +607,19 @@ class _ExtensionOnCPU:
             self._check("src", src_group, src_offsets)
         self.calls.append((impl.__name__, src_grad))
         return impl(grad_out, a, b, c, edge, out, lse, self.src, self.dst, slope, p,
-                    _dropout.recorded_key(rng_state, p), edge_grad, src_grad)
+                    dropout.recorded_key(rng_state, p), edge_grad, src_grad)
 
     def gat_forward(self, *args):
-        return self._forward(_cpu_gat.gat_forward, *args)
+        return self._forward(cpu_gat.gat_forward, *args)
 
     def gatv2_forward(self, *args):
-        return self._forward(_cpu_gat.gatv2_forward, *args)
+        return self._forward(cpu_gat.gatv2_forward, *args)
 
     def gat_backward(self, *args):
-        return self._backward(_cpu_gat.gat_backward, *args)
+        return self._backward(cpu_gat.gat_backward, *args)
 
     def gatv2_backward(self, *args):
-        return self._backward(_cpu_gat.gatv2_backward, *args)
+        return self._backward(cpu_gat.gatv2_backward, *args)
 
 
 @pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
@@ -628,14 +632,14 @@ def test_cuda_implementation_wiring(kind, monkeypatch, use_plan):
     feats, src, dst = kind.make(edge=True, dim=8, index_dtype=torch.int32)
     num_src, num_dst = feats[0].shape[0], (feats[2] if kind is GAT else feats[1]).shape[0]
     ext = _ExtensionOnCPU(src, dst, num_src, num_dst)
-    monkeypatch.setattr(_gat_ops, "cuda_module", lambda: ext)
-    monkeypatch.setattr(_attention_ops, "cuda_module", lambda: pytest.fail("CPU tensors never build on CUDA"))
+    monkeypatch.setattr(gat_ops, "cuda_module", lambda: ext)
+    monkeypatch.setattr(attention_ops, "cuda_module", lambda: pytest.fail("CPU tensors never build on CUDA"))
     groups = (None,) * 4
     if use_plan:
         plan = edgedot.EdgePlan(src, dst, num_src, num_dst)
         groups = (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src"))
-    forward = _gat_ops._gat_forward_cuda if kind is GAT else _gat_ops._gatv2_forward_cuda
-    backward = _gat_ops._gat_backward_cuda if kind is GAT else _gat_ops._gatv2_backward_cuda
+    forward = gat_ops._gat_forward_cuda if kind is GAT else gat_ops._gatv2_forward_cuda
+    backward = gat_ops._gat_backward_cuda if kind is GAT else gat_ops._gatv2_backward_cuda
     got = forward(*feats, src, dst, *groups, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     want = kind.op(*feats, src, dst, *(None,) * 4, 0.3, 0.2, torch.Generator().manual_seed(5), True, True)
     for a, b in zip(got, want):
@@ -833,7 +837,7 @@ def test_cuda_matches_cpu(kind, dtype, edge, monkeypatch):
     dst[:2500] = 11  # a hub split into chunks on CUDA
     grad_out = rand_feat((700, 4, 32), dtype, "cpu", gen(7))
     state = next_dropout_state("cuda", torch.Generator("cuda").manual_seed(9))
-    monkeypatch.setattr(_dropout, "draw_cpu", lambda generator=None: state.clone())
+    monkeypatch.setattr(dropout, "draw_cpu", lambda generator=None: state.clone())
 
     def run(device):
         leaves = [t if t is None else t.to(device).requires_grad_() for t in feats]
@@ -866,7 +870,7 @@ def test_cuda_dropout_state_and_mask(kind):
     state = next_dropout_state("cuda", generator)
     assert torch.equal(state, torch.tensor([77, 0]))
     out, lse, _, rng_state = kind.op(*feats, src, dst, *(None,) * 4, 0.2, p, generator, False, True)
-    assert generator.get_offset() == _dropout.OFFSET_STEP
+    assert generator.get_offset() == dropout.OFFSET_STEP
     assert torch.equal(rng_state.cpu(), state)
     keep = dropout_keep(state, src.shape[0], 4, p, "cuda")
     grad_out = rand_feat(out.shape, torch.float32, "cuda", gen(9))

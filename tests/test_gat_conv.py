@@ -11,7 +11,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, assert_grads_close, close_or_zero, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pytest.importorskip("torch_geometric")
@@ -480,7 +480,7 @@ def test_without_pyg(kind):
 import sys, torch
 sys.modules["torch_geometric"] = None  # import torch_geometric raises ImportError
 import edgedot.nn
-from edgedot import _pyg
+from edgedot.nn import _pyg
 state, x, edge_index, edge_attr, fresh = torch.load(sys.argv[1])
 assert not _pyg.HAVE_PYG
 torch.manual_seed(7)
@@ -524,7 +524,7 @@ def test_no_nodes(kind):
 def test_self_loops_remembered_per_graph(kind):
     """A [2, E] graph's self-looped form is derived once and reused while the graph is
     unchanged; an in-place change is seen; int32 indices give PyG's int64 result."""
-    from edgedot import _pyg
+    from edgedot.nn import _pyg
 
     theirs, ours = _pair(kind, 6, 4, heads=2, edge_dim=2, fill_value="add")
     g = gen(22)

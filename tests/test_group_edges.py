@@ -1,14 +1,14 @@
 """The extension's ``group_edges`` (one radix sort and one kernel) against the tensor operations
-of ``edgedot.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
+of ``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
 grouping it builds against the EdgePlan's. The kernel tests need a GPU."""
 
 import pytest
 import torch
 
 import edgedot
-from edgedot import _attention_ops
-from edgedot._build import cuda_module
-from edgedot.plan import build_side, group_offsets
+from edgedot.ops import attention as attention_ops
+from edgedot.runtime.build import cuda_module
+from edgedot.runtime.plan import build_side, group_offsets
 from utils import INDEX_DTYPES, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat, requires_cuda
 
 NUM_OTHER = 1000
@@ -102,11 +102,11 @@ def test_bad_arguments():
 @pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
 def test_build_grouping_uses_the_kernel(dtype, monkeypatch):
     rows, others = _indices("bad_rows", 1000, 50, dtype, gen(4))
-    packed, offsets = _attention_ops.build_grouping(rows, others, 50, NUM_OTHER)
+    packed, offsets = attention_ops.build_grouping(rows, others, 50, NUM_OTHER)
     want = build_side(rows, others, 50, NUM_OTHER)
     assert torch.equal(packed, want) and torch.equal(offsets, group_offsets(want, 50))
-    monkeypatch.setattr(_attention_ops, "build_side", None)  # the tensor operations are not called
-    _attention_ops.build_grouping(rows, others, 50, NUM_OTHER)
+    monkeypatch.setattr(attention_ops, "build_side", None)  # the tensor operations are not called
+    attention_ops.build_grouping(rows, others, 50, NUM_OTHER)
 
 
 @requires_cuda
@@ -137,7 +137,7 @@ def test_build_grouping_off_cuda_is_build_side(device_type):
     """Off CUDA (and for tensors without data) the tensor operations build the grouping."""
     rows = torch.tensor([3, -1, 0, 3, 9, 1], device=device_type)
     others = torch.tensor([1, 2, 7, 0, 1, -4], device=device_type)
-    packed, offsets = _attention_ops.build_grouping(rows, others, 5, 4)
+    packed, offsets = attention_ops.build_grouping(rows, others, 5, 4)
     if device_type == "cpu":
         want = build_side(rows, others, 5, 4)
         assert torch.equal(packed, want) and torch.equal(offsets, group_offsets(want, 5))

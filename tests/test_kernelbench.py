@@ -187,7 +187,7 @@ def test_harness_is_one_subpackage():
     """The KernelBench harness lives in edgedot.kernelbench (modules and C++), the library's own
     modules and csrc/ hold none of it, and it builds its own extension: the library's (its sources,
     its fingerprint, its module) holds none of the harness."""
-    from edgedot import _build, _sources
+    from edgedot.runtime import build as _build, sources as _sources
     from edgedot.kernelbench import extension
     package = REPO / "edgedot"
     assert not (package / "kernelbench.py").exists() and not (package / "kernelbench_eval.py").exists()

@@ -1,5 +1,5 @@
 """Packaging: the one source list, setup.py's CUDA-wheel helpers, the pure-Python wheel's contents,
-and how edgedot._build picks between a prebuilt extension and the just-in-time build."""
+and how edgedot.runtime.build picks between a prebuilt extension and the just-in-time build."""
 
 import importlib.util
 import os
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import edgedot
-from edgedot import _build, _sources
+from edgedot.runtime import build, sources
 from edgedot.kernelbench import extension as harness_extension
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def _record(torch_version=None, cuda_version=None, fingerprint=None, package=PAC
     """A build record (what edgedot/_build_info.py holds) as setup.py writes it, for the running torch
     and the sources in ``package`` unless told otherwise."""
     text = SETUP["record_text"](torch_version or torch.__version__, cuda_version or torch.version.cuda, "8.0;9.0+PTX",
-                                fingerprint or _sources.fingerprint(package))
+                                fingerprint or sources.fingerprint(package))
     namespace = {}
     exec(text, namespace)
     return text, types.SimpleNamespace(**{k: v for k, v in namespace.items() if k.isupper()})
@@ -38,50 +38,50 @@ def _record(torch_version=None, cuda_version=None, fingerprint=None, package=PAC
 
 
 def test_sources_are_every_source_file_of_the_package():
-    """Every source file is the library's extension's (_sources.SOURCES) or, under kernelbench/, the
+    """Every source file is the library's extension's (sources.SOURCES) or, under kernelbench/, the
     KernelBench harness's own extension's (edgedot.kernelbench.extension), which also builds a few
     of the library's kernels."""
     on_disk = {path.relative_to(PACKAGE).as_posix()
-               for suffix in _sources.SOURCE_SUFFIXES for path in PACKAGE.rglob(f"*{suffix}")}
-    listed = set(_sources.SOURCES)
+               for suffix in sources.SOURCE_SUFFIXES for path in PACKAGE.rglob(f"*{suffix}")}
+    listed = set(sources.SOURCES)
     harness = set(harness_extension.SOURCES)
-    assert len(listed) == len(_sources.SOURCES), "a source is listed twice"
+    assert len(listed) == len(sources.SOURCES), "a source is listed twice"
     assert len(harness) == len(harness_extension.SOURCES), "a harness source is listed twice"
     assert not [name for name in listed if name.startswith("kernelbench/")], "the harness in the library's extension"
     unlisted = on_disk - listed - harness
     assert not unlisted, f"in the package but in neither extension's sources: {sorted(unlisted)}"
-    assert not listed - on_disk, f"in _sources.SOURCES but not in the package: {sorted(listed - on_disk)}"
+    assert not listed - on_disk, f"in sources.SOURCES but not in the package: {sorted(listed - on_disk)}"
     assert not harness - on_disk, f"in the harness's sources but not in the package: {sorted(harness - on_disk)}"
 
 
-@pytest.mark.parametrize("sources", [_sources.SOURCES, harness_extension.SOURCES], ids=["library", "harness"])
+@pytest.mark.parametrize("sources", [sources.SOURCES, harness_extension.SOURCES], ids=["library", "harness"])
 def test_sources_have_distinct_file_names(sources):
     # torch's just-in-time build names each object file after its source's file name alone.
-    stems = [Path(source).stem for source in sources]
+    stems = [Path(source).stem for source in sources.SOURCES]
     assert len(set(stems)) == len(stems), f"two sources share a file name: {sorted(stems)}"
 
 
 def test_setup_builds_the_listed_sources():
-    assert SETUP["load_sources"]().SOURCES == _sources.SOURCES
+    assert SETUP["load_sources"]().SOURCES == sources.SOURCES
     assert SETUP["base_version"]() == edgedot.__version__
 
 
 def test_fingerprint_follows_sources_and_headers(tmp_path):
     copy = tmp_path / "edgedot"
-    for folder in sorted({Path(source).parent for source in _sources.SOURCES}):
+    for folder in sorted({Path(source).parent for source in sources.SOURCES}):
         shutil.copytree(PACKAGE / folder, copy / folder, dirs_exist_ok=True)
-    base = _sources.fingerprint(copy)
-    assert base == _sources.fingerprint(PACKAGE)
+    base = sources.fingerprint(copy)
+    assert base == sources.fingerprint(PACKAGE)
     (copy / "csrc" / "notes.txt").write_text("not a source")
-    assert _sources.fingerprint(copy) == base
-    headers = [name for name in _sources.extension_files(copy) if name.endswith(_sources.HEADER_SUFFIXES)]
-    assert headers and not set(headers) & set(_sources.SOURCES)
-    for name in [_sources.SOURCES[-1], *headers]:
+    assert sources.fingerprint(copy) == base
+    headers = [name for name in sources.extension_files(copy) if name.endswith(sources.HEADER_SUFFIXES)]
+    assert headers and not set(headers) & set(sources.SOURCES)
+    for name in [sources.SOURCES[-1], *headers]:
         original = (copy / name).read_bytes()
         (copy / name).write_bytes(original + b"\n")
-        assert _sources.fingerprint(copy) != base, name
+        assert sources.fingerprint(copy) != base, name
         (copy / name).write_bytes(original)
-    assert _sources.fingerprint(copy) == base
+    assert sources.fingerprint(copy) == base
 
 
 # ---- setup.py's helpers ----------------------------------------------------------------------
@@ -90,7 +90,7 @@ def test_fingerprint_follows_sources_and_headers(tmp_path):
 @pytest.mark.parametrize("torch_version, cuda_version, tag", [
     ("2.11.0+cu130", "13.0", "pt211cu130"), ("2.4.1", "12.1", "pt24cu121"), ("2.13.0a0+git1234", "12.8", "pt213cu128")])
 def test_build_tag(torch_version, cuda_version, tag):
-    assert _sources.build_tag(torch_version, cuda_version) == tag
+    assert sources.build_tag(torch_version, cuda_version) == tag
 
 
 def test_max_jobs_bounded_by_cores_and_memory():
@@ -123,7 +123,7 @@ def test_cuda_build_switch():
 def test_record_of_this_build_fits():
     _, info = _record()
     assert info.TORCH_VERSION == torch.__version__ and info.ARCH_LIST == "8.0;9.0+PTX"
-    assert _build.prebuilt_mismatch(info, torch.__version__, torch.version.cuda, _sources.fingerprint(PACKAGE)) is None
+    assert build.prebuilt_mismatch(info, torch.__version__, torch.version.cuda, sources.fingerprint(PACKAGE)) is None
 
 
 def test_pure_wheel_ships_every_extension_file(tmp_path):
@@ -146,26 +146,61 @@ def test_pure_wheel_ships_every_extension_file(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("edgedot-*.whl")
     assert wheel.name == f"edgedot-{edgedot.__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
-    files = {*_sources.extension_files(PACKAGE), *harness_extension.SOURCES}
+    files = {*sources.extension_files(PACKAGE), *harness_extension.SOURCES}
     missing = [name for name in sorted(files) if f"edgedot/{name}" not in names]
     assert not missing, f"the wheel lacks {missing}"
-    assert "edgedot/_sources.py" in names and "edgedot/_build_info.py" not in names
+    assert "edgedot/runtime/sources.py" in names and "edgedot/_build_info.py" not in names
+    subpackages = sorted(f"edgedot/{path.parent.relative_to(PACKAGE).as_posix()}/__init__.py"
+                         for path in PACKAGE.glob("*/__init__.py"))
+    assert {"edgedot/ops/__init__.py", "edgedot/nn/__init__.py", "edgedot/runtime/__init__.py"} <= set(subpackages)
+    assert not [name for name in subpackages if name not in names], "the wheel lacks a subpackage"
     assert not [name for name in names if name.startswith("edgedot/_C")]
 
 
-# ---- edgedot._build: prebuilt or just in time ------------------------------------------------
+# ---- the import ------------------------------------------------------------------------------
+
+LEAN_IMPORT = """
+import sys
+
+import edgedot
+import edgedot.cpu.gat, edgedot.distributed, edgedot.ops, edgedot.reference, edgedot.runtime.build
+assert "torch_geometric" not in sys.modules, "import edgedot imported torch_geometric"
+assert "edgedot.nn" not in sys.modules, "import edgedot imported edgedot.nn"
+
+import torch
+
+layer = edgedot.nn.GATConv(4, 5, heads=2)
+assert edgedot.nn is sys.modules["edgedot.nn"] and "nn" in edgedot.__all__
+out = layer(torch.randn(3, 4), torch.tensor([[0, 1, 2], [1, 2, 0]]))
+assert out.shape == (3, 10), out.shape
+print("ok")
+"""
+
+
+def test_import_is_lean():
+    """``import edgedot`` (its ops, runtime, CPU code, distributed) leaves ``torch_geometric`` and
+    ``edgedot.nn`` unimported, in a fresh process; ``edgedot.nn`` loads on first access and its
+    layers work."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", LEAN_IMPORT], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok"]
+
+
+# ---- edgedot.runtime.build: prebuilt or just in time -----------------------------------------
 
 
 @pytest.fixture
 def loader(monkeypatch):
-    """edgedot._build with its four outside effects replaced by recorders: the build record, the
+    """edgedot.runtime.build with its four outside effects replaced by recorders: the build record, the
     prebuilt import, the toolkit lookup and the JIT build."""
     calls = []
     state = types.SimpleNamespace(info=None, nvcc=None, calls=calls)
-    monkeypatch.setattr(_build, "prebuilt_info", lambda: state.info)
-    monkeypatch.setattr(_build, "toolkit_nvcc", lambda: state.nvcc)
-    monkeypatch.setattr(_build, "_import_prebuilt", lambda: calls.append("prebuilt") or "prebuilt module")
-    monkeypatch.setattr(_build, "_jit_build", lambda: calls.append("jit") or "jit module")
+    monkeypatch.setattr(build, "prebuilt_info", lambda: state.info)
+    monkeypatch.setattr(build, "toolkit_nvcc", lambda: state.nvcc)
+    monkeypatch.setattr(build, "_import_prebuilt", lambda: calls.append("prebuilt") or "prebuilt module")
+    monkeypatch.setattr(build, "_jit_build", lambda: calls.append("jit") or "jit module")
     return state
 
 
@@ -174,14 +209,14 @@ def test_load_uses_a_matching_prebuilt(loader):
     loader.nvcc = Path("/usr/bin/nvcc")  # a toolkit does not matter when the binary fits
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _build._load() == "prebuilt module"
+        assert build._load() == "prebuilt module"
     assert loader.calls == ["prebuilt"]
 
 
 def test_load_without_prebuilt_builds(loader):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _build._load() == "jit module"
+        assert build._load() == "jit module"
     assert loader.calls == ["jit"]
 
 
@@ -195,11 +230,11 @@ def test_load_refuses_a_mismatched_prebuilt_without_toolkit(loader, monkeypatch,
     monkeypatch.setattr(torch.version, "cuda", running_cuda)
     loader.info = _record(**{field: value})[1]
     with pytest.raises(RuntimeError) as error:
-        _build._load()
+        build._load()
     message = str(error.value)
     assert reason in message and "not loaded" in message and "no CUDA toolkit (nvcc)" in message
     if running_cuda:
-        assert "+" + _sources.build_tag(torch.__version__, running_cuda) in message
+        assert "+" + sources.build_tag(torch.__version__, running_cuda) in message
     else:
         assert "This torch is not a CUDA build" in message
     assert loader.calls == []
@@ -209,7 +244,7 @@ def test_load_rebuilds_a_mismatched_prebuilt_with_toolkit(loader):
     loader.info = _record(torch_version="2.4.0+cu121")[1]
     loader.nvcc = Path("/usr/local/cuda/bin/nvcc")
     with pytest.warns(RuntimeWarning, match="built for torch 2.4.0\\+cu121.*Building them with nvcc instead"):
-        assert _build._load() == "jit module"
+        assert build._load() == "jit module"
     assert loader.calls == ["jit"]
 
 
@@ -226,7 +261,7 @@ def _first_cuda_module(site):
     """Runs cuda_module() in a fresh process that sees ``site`` first and no CUDA toolkit."""
     env = dict(os.environ, PYTHONPATH=str(site), CUDA_HOME=str(site / "no-toolkit"))
     env.pop("CUDA_PATH", None)
-    code = "from edgedot import _build; m = _build.cuda_module(); print(m.__name__, m.STAND_IN, _build.__file__)"
+    code = "from edgedot.runtime import build; m = build.cuda_module(); print(m.__name__, m.STAND_IN, build.__file__)"
     return subprocess.run([sys.executable, "-c", code], cwd=site, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -234,7 +269,7 @@ def test_installed_prebuilt_is_loaded(tmp_path):
     site = _fake_install(tmp_path, torch.__version__)
     proc = _first_cuda_module(site)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["edgedot._C", "prebuilt", str(site / "edgedot" / "_build.py")]
+    assert proc.stdout.split() == ["edgedot._C", "prebuilt", str(site / "edgedot" / "runtime" / "build.py")]
 
 
 def test_installed_prebuilt_for_another_torch_is_refused(tmp_path):

@@ -1,11 +1,11 @@
-"""EdgePlan: the packed layout documented in edgedot/plan.py ``build_side``, checked on the CPU,
-and an independent emulation of the plan-driven backward that only reads the unpacked plan."""
+"""EdgePlan: the packed layout documented in edgedot/runtime/plan.py ``build_side``, checked on the
+CPU, and an independent emulation of the plan-driven backward that only reads the unpacked plan."""
 
 import pytest
 import torch
 
 import edgedot
-import edgedot.plan
+import edgedot.runtime.plan
 from utils import (CHUNK_EDGES, gen, rand_feat, rand_index, reference_grads, rel_error, requires_cuda,
                    skewed_index)
 
@@ -78,7 +78,7 @@ GRAPHS = _graphs()
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_layout(name):
     num_rows, num_other, row_idx, other_idx = GRAPHS[name]
-    packed = edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other)
+    packed = edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other)
     check_layout(packed, row_idx, other_idx, num_rows, num_other)
 
 
@@ -87,7 +87,7 @@ def test_layout_folds_out_of_range_indices():
     -1, so that no cast wraps them onto a real row."""
     rows = torch.tensor([2, -1, 0, 5, 2**40, 1, 2, -(2**33)])
     others = torch.tensor([0, 1, -5, 3, 2, 2**32 + 1, 4, 1])
-    packed = edgedot.plan.build_side(rows, others, 5, 4)
+    packed = edgedot.runtime.plan.build_side(rows, others, 5, 4)
     check_layout(packed, rows, others, 5, 4)
     order, row, other = unpack(packed, 8)
     assert row.tolist() == [0, 1, 2, 2, 5, 5, 5, 5]
@@ -97,9 +97,9 @@ def test_layout_folds_out_of_range_indices():
 def test_too_many_rows():
     idx = torch.zeros(3, dtype=torch.long)
     with pytest.raises(ValueError, match="at most"):
-        edgedot.plan.build_side(idx, idx, edgedot.plan.MAX_ROWS + 1, 5)
+        edgedot.runtime.plan.build_side(idx, idx, edgedot.runtime.plan.MAX_ROWS + 1, 5)
     with pytest.raises(ValueError, match="at most"):
-        edgedot.EdgePlan(idx, idx, 5, edgedot.plan.MAX_ROWS + 1)
+        edgedot.EdgePlan(idx, idx, 5, edgedot.runtime.plan.MAX_ROWS + 1)
 
 
 @pytest.mark.parametrize("heads", ["2d", "heads", "row_broadcast", "other_broadcast"])
@@ -114,7 +114,7 @@ def test_emulated_backward_matches_reference(name, heads):
     other_feat = rand_feat((num_other, *other_shape), torch.float64, g=g)
     grad_out = rand_feat((num_edges, 3) if heads != "2d" else (num_edges,), torch.float64, g=g)
 
-    packed = edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other)
+    packed = edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other)
     got = emulate_row_grad(packed, grad_out, other_feat, row_feat.shape)
     expect, expect_other = reference_grads(row_feat, other_feat, row_idx, other_idx, grad_out)
     assert got.shape == expect.shape
@@ -139,11 +139,11 @@ def test_plan_is_index_dtype_independent(name):
 @pytest.mark.parametrize("num_rows, num_edges", [(1, 0), (1, 1), (5, 7), (3, 10 * CHUNK_EDGES + 3), (7, 1 << 17)])
 def test_size_is_two_ints_per_edge(num_rows, num_edges):
     row_idx = rand_index(num_rows, num_edges, g=gen(num_edges))
-    packed = edgedot.plan.build_side(row_idx, row_idx, num_rows, num_rows)
+    packed = edgedot.runtime.plan.build_side(row_idx, row_idx, num_rows, num_rows)
     assert packed.shape == (2 * num_edges,) and packed.dtype == torch.int64
-    edgedot.plan.check_plan_layout(packed, num_edges, packed.device)
+    edgedot.runtime.plan.check_plan_layout(packed, num_edges, packed.device)
     with pytest.raises(ValueError, match="does not match"):
-        edgedot.plan.check_plan_layout(packed, num_edges + 1, packed.device)
+        edgedot.runtime.plan.check_plan_layout(packed, num_edges + 1, packed.device)
 
 
 def test_edge_plan_attributes_and_to():

@@ -1,6 +1,6 @@
 """edgedot.nn.TransformerConv inside PyG's machinery: MessagePassing, initialisation, every
 adjacency form, explain mode, hooks, AttentionExplainer, TorchScript, to_hetero; and
-edgedot._pyg.adjacency itself."""
+edgedot.nn._pyg.adjacency itself."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot import _pyg
+from edgedot.nn import _pyg
 from utils import DEVICES, INDEX_DTYPES, dtype_id, gen, rand_feat, rand_index, rel_error
 
 torch_geometric = pytest.importorskip("torch_geometric")
@@ -376,7 +376,7 @@ def test_without_pyg():
 import sys, torch
 sys.modules["torch_geometric"] = None  # import torch_geometric raises ImportError
 import edgedot.nn
-from edgedot import _pyg
+from edgedot.nn import _pyg
 state, x, edge_index, edge_attr, fresh = torch.load(sys.argv[1])
 assert not _pyg.HAVE_PYG
 torch.manual_seed(7)

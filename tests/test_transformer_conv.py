@@ -8,7 +8,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from edgedot.attention import dropout_keep, next_dropout_state
+from edgedot.ops.attention import dropout_keep, next_dropout_state
 from utils import DEVICES, assert_grads_close, dtype_id, gen, rand_feat, rand_index, rel_error
 
 pyg_conv = pytest.importorskip("torch_geometric.nn.conv.transformer_conv")

@@ -9,11 +9,11 @@ Run ``python -m edgedot.bench`` on a CUDA device (``--help`` lists the options; 
 every case at a tiny size, also on the CPU, as a smoke test of the code paths).
 
 Modules: ``__main__`` (command line), ``timing`` (clocks, bandwidth probes, the measurement of
-one path), ``cases`` (the edge_dot cases and input sets), ``edge_dot`` (its expected results,
-bytes and paths), ``attention`` and ``attention_check`` (the attention cases, paths and their
-float64 check), ``gat`` (the GAT / GATv2 cases, ``gat_*`` and ``gatv2_*``, on the attention
-cases' graphs, their paths and float64 check: see its docstring), ``report`` (tables, JSON,
-chart).
+one path), ``graphs`` (the random edge lists: uniform and R-MAT), ``cases`` (the edge_dot cases
+and input sets), ``edge_dot`` (its expected results, bytes and paths), ``attention`` and
+``attention_check`` (the attention cases, paths and their float64 check), ``gat`` (the GAT /
+GATv2 cases, ``gat_*`` and ``gatv2_*``, on the attention cases' graphs, their paths and float64
+check: see its docstring), ``report`` (tables, JSON, chart).
 
 Cases (``CASES`` and ``ATTENTION_CASES``; ``--cases`` picks some by name)
     ``default`` is the seed's problem (int32 indices); the others use int64 indices. "mid" is

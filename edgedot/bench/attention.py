@@ -15,9 +15,9 @@ import torch
 
 import edgedot
 
-from .._graphs import rmat_edges, sorted_by_src, uniform_edges
 from .attention_check import LINEARS, expected_attention, rows_error, unfused_attention, weights_error
 from .cases import ATTN_FORWARD, ATTN_FORWARD_BACKWARD, QUICK_EDGES, TOLERANCE, dtype_name, rotating_sets
+from .graphs import rmat_edges, sorted_by_src, uniform_edges
 from .timing import BenchPath, NotApplicable, progress, relative_error, run_section
 
 GB = 10**9

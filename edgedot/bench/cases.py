@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .._graphs import rmat_edges, sorted_by_src, uniform_edges
+from .graphs import rmat_edges, sorted_by_src, uniform_edges
 from .timing import cache_bytes
 
 # Largest relative error ||got - ref|| / ||ref|| against the float64 reference.

@@ -13,11 +13,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from .._checks import (FEATURE_DTYPES, check_feature, check_index_range, check_indices_pair, heads_of,
-                       output_shape)
-from ..functional import edge_dot
-from ..ops import edge_dot_grad_op
-from ..plan import build_side
+from ..ops.edge_dot import edge_dot, edge_dot_grad_op
+from ..runtime.checks import (FEATURE_DTYPES, check_feature, check_index_range, check_indices_pair, heads_of,
+                              output_shape)
+from ..runtime.plan import build_side
 from .plan import as_offsets, compact_side, side_requests
 
 __all__ = ["ShardedEdgeDot"]

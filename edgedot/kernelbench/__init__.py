@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from .. import __version__
-from .._build import PACKAGE
-from ..functional import edge_dot
+from ..runtime.build import PACKAGE
+from ..ops.edge_dot import edge_dot
 from ..reference import edge_dot_reference
 from .extension import cuda_module
 

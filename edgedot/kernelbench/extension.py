@@ -4,7 +4,7 @@
 (``csrc/index_cast.cu``) and the library's kernels it calls (the edge dot forward and the launch
 helpers of ``edgedot/csrc``), built on first use with ``torch.utils.cpp_extension.load`` as module
 ``edgedot_kernelbench`` into the subfolder ``kernelbench`` of the library's build folder
-(:func:`edgedot._build.cache_dir`). The library's extension, its source fingerprint and its CUDA
+(:func:`edgedot.runtime.build.cache_dir`). The library's extension, its source fingerprint and its CUDA
 wheel hold none of the harness, so this is always built just in time and needs nvcc, prebuilt
 wheel or not.
 """
@@ -12,10 +12,10 @@ wheel or not.
 import os
 import threading
 
-from .. import _build, _sources
+from ..runtime import build as _build, sources as _sources
 
 NAME = "edgedot_kernelbench"
-# Translation units, relative to the package folder (edgedot/) as in edgedot/_sources.py: the
+# Translation units, relative to the package folder (edgedot/) as in edgedot/runtime/sources.py: the
 # harness's own (kernelbench/csrc/) and the library's kernels they call, the same as the export
 # inlines (EXPORT_SOURCES in edgedot/kernelbench/__init__.py).
 SOURCES = [
@@ -33,7 +33,7 @@ _module = None
 
 
 def build_dir():
-    """The harness's build folder: ``kernelbench`` under the library's (:func:`edgedot._build.cache_dir`)."""
+    """The harness's build folder: ``kernelbench`` under the library's (:func:`edgedot.runtime.build.cache_dir`)."""
     return _build.cache_dir() / "kernelbench"
 
 

@@ -21,7 +21,7 @@ def index_to_ptr(idx, num_rows):
 def check_dst_ptr(dst_ptr, dst_idx, num_dst):
     """Checks ``dst_ptr``'s type, dtype, shape and device (TypeError / ValueError naming it) and
     returns it as given. Whether it is ``dst_idx``'s CSR pointer is checked with the indices' ranges
-    by the op (:func:`edgedot._checks.check_graph`, one wait for a new graph)."""
+    by the op (:func:`edgedot.runtime.checks.check_graph`, one wait for a new graph)."""
     if not isinstance(dst_ptr, torch.Tensor):
         raise TypeError(f"dst_ptr must be a tensor or None, got {type(dst_ptr).__name__}")
     if dst_ptr.dtype not in (torch.int32, torch.int64):

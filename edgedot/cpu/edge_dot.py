@@ -2,7 +2,7 @@
 
 import torch
 
-from ._checks import heads_of
+from ..runtime.checks import heads_of
 
 # Elements of one gathered chunk ([chunk, H, D]); bounds the extra memory to a few MB.
 CHUNK_ELEMENTS = 1 << 20

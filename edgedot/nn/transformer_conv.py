@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..ops.attention import graph_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, SparseTensor, adjacency,
                    attention_weights, fused_path, softmax)
-from .attention import graph_attention
 
 if typing.TYPE_CHECKING:
     from typing import overload
 else:
     from torch.jit import _overload_method as overload
 
-# No __all__: PyG's generated propagate does ``from edgedot._transformer_conv import *`` and needs
+# No __all__: PyG's generated propagate does ``from edgedot.nn.transformer_conv import *`` and needs
 # the type names (OptTensor, ...) imported here.
 
 

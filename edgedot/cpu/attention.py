@@ -9,7 +9,7 @@ passes.
 
 import torch
 
-from . import _dropout
+from ..runtime import dropout
 
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 18
@@ -34,8 +34,8 @@ def _rows(idx, start, stop):
 
 def keep_mask(key, start, stop, heads, p, device):
     """The dropout mask of edges ``start..stop`` (bool ``[stop - start, heads]``) under the key
-    of a call (:func:`edgedot._dropout.key`): head ``h`` of edge ``e`` is element ``e * heads + h``."""
-    return _dropout.keep_mask(key, start * heads, (stop - start) * heads, p, device).reshape(stop - start, heads)
+    of a call (:func:`edgedot.runtime.dropout.key`): head ``h`` of edge ``e`` is element ``e * heads + h``."""
+    return dropout.keep_mask(key, start * heads, (stop - start) * heads, p, device).reshape(stop - start, heads)
 
 
 def _kept(alpha, key, start, stop, p):
@@ -125,7 +125,7 @@ def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dr
 
 
 def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_attention):
-    """``key``: the dropout mask's (:func:`edgedot._dropout.key`). Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
+    """``key``: the dropout mask's (:func:`edgedot.runtime.dropout.key`). Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
     alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape

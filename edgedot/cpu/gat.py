@@ -1,11 +1,11 @@
 """CPU implementation of GAT and GATv2 attention: the chunked segment softmax of
-``_cpu_attention`` with their scores, so extra memory stays bounded whatever E is and every sum
+:mod:`edgedot.cpu.attention` with their scores, so extra memory stays bounded whatever E is and every sum
 is in edge order (deterministic). The backward recomputes the scores from the saved log-sum-exp.
 """
 
 import torch
 
-from ._cpu_attention import _gather, acc_dtype, softmax_forward, softmax_grads
+from .attention import _gather, acc_dtype, softmax_forward, softmax_grads
 
 
 def _leaky_relu(z, slope):
@@ -53,7 +53,7 @@ def _scores_only(score):
 def gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key, return_attention):
     """Returns ``(out [Nd, H, C] in x's dtype, lse [Nd, H] in the accumulation dtype, alpha [E, H]
     in x's dtype or an empty ``[0]`` tensor)``; ``key`` is the dropout mask's
-    (:func:`edgedot._dropout.key`)."""
+    (:func:`edgedot.runtime.dropout.key`)."""
     acc = acc_dtype(x.dtype)
     score = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)
     return softmax_forward(_scores_only(score), _values(x, acc), src_idx, dst_idx,

@@ -1,6 +1,6 @@
 """What the CUDA extension is built from: its sources and compiler flags, in one place.
 
-Both builds read this module: the just-in-time build on first use (:mod:`edgedot._build`) and the
+Both builds read this module: the just-in-time build on first use (:mod:`edgedot.runtime.build`) and the
 ahead-of-time build of a CUDA wheel (``setup.py`` with ``EDGEDOT_BUILD_CUDA=1``). It imports only
 the standard library, so ``setup.py`` loads it by file path without importing torch or the
 package. A new ``.cu`` or ``.cpp`` file joins the extension by one entry in ``SOURCES``

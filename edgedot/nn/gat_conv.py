@@ -11,18 +11,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
+from ..ops.attention import dropout_keep, next_dropout_state
+from ..ops.gat import gat_attention, gatv2_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
                    remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
-from .attention import dropout_keep, next_dropout_state
-from .gat import gat_attention, gatv2_attention
 
 if typing.TYPE_CHECKING:
     from typing import overload
 else:
     from torch.jit import _overload_method as overload
 
-# No __all__: PyG's generated propagate and edge_updater do ``from edgedot._gat_conv import *``
+# No __all__: PyG's generated propagate and edge_updater do ``from edgedot.nn.gat_conv import *``
 # and need the type names (OptTensor, ...) imported here.
 
 
@@ -176,7 +176,7 @@ class GATConv(_GATBase):
     self-loop handling), ``(out, (adj, alpha))`` for a ``torch.sparse`` adjacency, ``(out, adj)``
     for a ``SparseTensor``; ``alpha`` ``[E, heads]`` is after dropout, as PyG's, but not
     differentiable. Dropout on the attention applies in training mode only, with the mask of
-    :func:`edgedot.attention.dropout_keep`.
+    :func:`edgedot.ops.attention.dropout_keep`.
 
     The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode,
     with message-passing hooks, with another ``aggr`` or ``decomposed_layers > 1``, and for a

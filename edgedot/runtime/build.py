@@ -2,12 +2,12 @@
 
 A CUDA wheel (``setup.py`` with ``EDGEDOT_BUILD_CUDA=1``, docs/install.md) ships the compiled
 extension ``edgedot._C`` and ``edgedot._build_info``, the record of that build: the torch and CUDA
-versions it was built against and a fingerprint of its sources (:func:`edgedot._sources.fingerprint`).
+versions it was built against and a fingerprint of its sources (:func:`edgedot.runtime.sources.fingerprint`).
 :func:`cuda_module` loads ``_C`` when the record matches the running torch and the sources beside
 it. On a mismatch it builds just in time instead, with a warning, if a CUDA toolkit is there, and
 otherwise refuses with a message naming both versions: a binary built for another torch is never
 loaded. Without a prebuilt extension, ``torch.utils.cpp_extension.load`` compiles the sources of
-:mod:`edgedot._sources` with ninja into a persistent cache folder; later processes find the built
+:mod:`edgedot.runtime.sources` with ninja into a persistent cache folder; later processes find the built
 module there and load it without compiling. Importing edgedot never builds or loads anything, so
 CPU-only use needs neither.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from . import _sources
+from . import sources
 
-PACKAGE = Path(__file__).parent
+# The package folder (edgedot/): the sources' paths are relative to it.
+PACKAGE = Path(__file__).parent.parent
 CSRC = PACKAGE / "csrc"
 PREBUILT = "edgedot._C"
 
@@ -90,7 +91,7 @@ def toolkit_nvcc():
 def _load():
     info = prebuilt_info()
     if info is not None:
-        mismatch = prebuilt_mismatch(info, torch.__version__, torch.version.cuda, _sources.fingerprint(PACKAGE))
+        mismatch = prebuilt_mismatch(info, torch.__version__, torch.version.cuda, sources.fingerprint(PACKAGE))
         if mismatch is None:
             return _import_prebuilt()
         if toolkit_nvcc() is None:
@@ -98,7 +99,7 @@ def _load():
                 remedy = f"This torch is not a CUDA build; the wheel was built for torch {info.TORCH_VERSION}."
             else:
                 remedy = (f"Install the edgedot wheel built for this torch (version label "
-                          f"+{_sources.build_tag(torch.__version__, torch.version.cuda)}), build one with "
+                          f"+{sources.build_tag(torch.__version__, torch.version.cuda)}), build one with "
                           "scripts/build_wheel.sh, or install a CUDA toolkit matching torch.version.cuda="
                           f"{torch.version.cuda} and set CUDA_HOME (docs/install.md).")
             raise RuntimeError(f"edgedot's prebuilt CUDA kernels ({PREBUILT}) do not fit: {mismatch}. They are "
@@ -130,10 +131,10 @@ def _jit_build():
     verbose = os.environ.get("EDGEDOT_VERBOSE_BUILD", "0") == "1"
     return cpp_extension.load(
         name="edgedot_cuda",
-        sources=[str(PACKAGE / source) for source in _sources.SOURCES],
-        extra_include_paths=[str(PACKAGE / folder) for folder in _sources.INCLUDE_DIRS],
-        extra_cflags=list(_sources.CXX_FLAGS),
-        extra_cuda_cflags=list(_sources.NVCC_FLAGS),  # arch: the GPUs present, or TORCH_CUDA_ARCH_LIST
+        sources=[str(PACKAGE / source) for source in sources.SOURCES],
+        extra_include_paths=[str(PACKAGE / folder) for folder in sources.INCLUDE_DIRS],
+        extra_cflags=list(sources.CXX_FLAGS),
+        extra_cuda_cflags=list(sources.NVCC_FLAGS),  # arch: the GPUs present, or TORCH_CUDA_ARCH_LIST
         build_directory=str(build),
         verbose=verbose,
     )

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from ._checks import TensorMemo, check_index_range
+from ..runtime.checks import TensorMemo, check_index_range
 
 try:
     from torch_geometric import EdgeIndex

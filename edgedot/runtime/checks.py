@@ -231,7 +231,7 @@ def graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_ds
     ``dst_ptr``): on CUDA one kernel of the extension, one copy and one wait; elsewhere tensor
     operations read back once."""
     if src_idx.is_cuda:
-        from ._build import cuda_module
+        from .build import cuda_module
         return cuda_module().check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
     device = src_idx.device
     no = torch.zeros((), dtype=torch.bool, device=device)

@@ -12,7 +12,7 @@ also works inside ``torch.compile``; it costs 16 bytes per edge and side, never 
 
 import torch
 
-from ._checks import check_index_range, check_indices_pair
+from .checks import check_index_range, check_indices_pair
 
 __all__ = ["EdgePlan", "build_side", "group_offsets", "MAX_ROWS"]
 
