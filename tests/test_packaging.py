@@ -54,10 +54,10 @@ def test_sources_are_every_source_file_of_the_package():
     assert not harness - on_disk, f"in the harness's sources but not in the package: {sorted(harness - on_disk)}"
 
 
-@pytest.mark.parametrize("sources", [sources.SOURCES, harness_extension.SOURCES], ids=["library", "harness"])
-def test_sources_have_distinct_file_names(sources):
+@pytest.mark.parametrize("listed", [sources.SOURCES, harness_extension.SOURCES], ids=["library", "harness"])
+def test_sources_have_distinct_file_names(listed):
     # torch's just-in-time build names each object file after its source's file name alone.
-    stems = [Path(source).stem for source in sources.SOURCES]
+    stems = [Path(source).stem for source in listed]
     assert len(set(stems)) == len(stems), f"two sources share a file name: {sorted(stems)}"
 
 
