@@ -11,7 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &edgedot::forward, "edge dot products (CUDA)");
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("group_edges", &edgedot::group_edges,
-        "edgedot.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
+        "edgedot.runtime.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
   m.def("check_graph", &edgedot::check_graph,
         "src_idx, dst_idx and dst_ptr validated in one kernel and one wait: a bitmask of failed conditions (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");

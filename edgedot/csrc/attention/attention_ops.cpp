@@ -1,5 +1,5 @@
-// Graph attention (csrc/attention_forward.cu, csrc/attention_backward.cu). Shapes and dtypes were
-// validated in Python (edgedot/_attention_ops.py); these checks keep the kernels inside their
+// Graph attention (csrc/attention/: the engine and its score policies). Shapes and dtypes were
+// validated in Python (edgedot/ops/attention.py); these checks keep the kernels inside their
 // tensors whatever they are given.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -29,7 +29,7 @@ IndexKind index_kind(const at::Tensor& idx) { return idx.scalar_type() == at::kI
 
 }  // namespace
 
-// A grouping built by edgedot.plan.build_side (group given), or edges given grouped by the rows of
+// A grouping built by edgedot.runtime.plan.build_side (group given), or edges given grouped by the rows of
 // row_idx with offsets their CSR pointer (group absent): position i is then edge i.
 AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, const at::Tensor& offsets,
                                      const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_edges,
@@ -51,8 +51,8 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
   TORCH_CHECK_VALUE(group->scalar_type() == at::kLong && group->dim() == 1 && group->numel() == 2 * num_edges &&
                         group->is_contiguous() && group->device() == q.device(),
                     "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
-                    " elements on q's device (edgedot.plan.build_side), got ", group->scalar_type(), " of shape ",
-                    group->sizes());
+                    " elements on q's device (edgedot.runtime.plan.build_side), got ", group->scalar_type(),
+                    " of shape ", group->sizes());
   const int64_t* p = group->data_ptr<int64_t>();
   return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(),
                            nullptr, nullptr, IndexKind::i64, IndexKind::i64};

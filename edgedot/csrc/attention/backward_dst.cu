@@ -1,4 +1,5 @@
-// The backward's destination pass of graph attention (DotScore, and CosineScore with a learned scale: cosine_backward_dst.cu).
+// The backward's destination pass of graph attention: DotScore, and CosineScore for a learned scale
+// (cosine_backward_dst.cu).
 // Each score's passes build in a file of their own, so that the build compiles them in parallel.
 #include "attention/scores.cuh"
 

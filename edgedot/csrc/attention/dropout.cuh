@@ -1,5 +1,5 @@
 // The dropout mask of the fused kernels: element c of a call is kept when a hash of the call's
-// (seed, offset) and c clears the threshold. The same function as edgedot/_dropout.py's on the CPU,
+// (seed, offset) and c clears the threshold. The same function as edgedot/runtime/dropout.py's on the CPU,
 // so a mask depends on neither the device nor the order the elements are visited in.
 #pragma once
 

@@ -10,7 +10,7 @@
 namespace edgedot {
 namespace {
 
-// Dropout of the fused kernels (edgedot/_dropout.py, csrc/dropout.cuh). A forward draws its (seed,
+// Dropout of the fused kernels (edgedot/runtime/dropout.py, csrc/attention/dropout.cuh). A forward draws its (seed,
 // offset) from a CUDA generator the way torch's fused dropout does (philox_cuda_state: plain values,
 // or device pointers while a CUDA graph is captured, so that every replay moves the offset on) and
 // its kernel records the pair it used in an int64 [2] tensor, rng_state; the backward reads the

@@ -18,7 +18,7 @@ namespace {
 // Fused GAT and GATv2 attention (csrc/gat_forward.cu, csrc/gat_backward_dst.cu,
 // csrc/gat_backward_src.cu) on graph attention's groupings, chunk schedules and dropout (drawn with
 // draw_dropout_rng, read back with recorded_dropout_rng, the mask graph attention's). Shapes and
-// dtypes were validated in Python (edgedot/_gat_ops.py); these checks keep the kernels inside their
+// dtypes were validated in Python (edgedot/ops/gat.py); these checks keep the kernels inside their
 // tensors whatever they are given.
 
 void check_gat_tensor(const at::Tensor& t, const char* name, const at::Tensor& x, std::initializer_list<int64_t> shape) {

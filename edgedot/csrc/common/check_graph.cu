@@ -1,4 +1,4 @@
-// The validation of a graph's index tensors (edgedot/_checks.py:check_graph) in one pass: every
+// The validation of a graph's index tensors (edgedot/runtime/checks.py:check_graph) in one pass: every
 // condition lands in its own device flag, which the binding reads back with a single wait.
 #include "common/common.cuh"
 

@@ -42,7 +42,7 @@ struct GradArgs {
   int64_t num_rows, row_heads, num_edges, heads, dim;
 };
 
-// One side of an EdgePlan (edgedot.plan.build_side): sorted position i holds edge order[i];
+// One side of an EdgePlan (edgedot.runtime.plan.build_side): sorted position i holds edge order[i];
 // row_other[i] has its row in the high 32 bits (num_rows when out of range) and its other row in
 // the low 32 bits (-1 when out of range).
 struct PlanSide {
@@ -89,7 +89,7 @@ size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
                        int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
 
-// The grouping of edgedot.plan.build_side and its group_offsets (csrc/common/group_edges.cu),
+// The grouping of edgedot.runtime.plan.build_side and its group_offsets (csrc/common/group_edges.cu),
 // from the sorted keys and positions of launch_sort_by_row (num_edges entries each, the buffer it
 // returned; unread when num_edges is 0): order[i] = positions[i], row_other[i] = keys[i] << 32 |
 // other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets
@@ -129,7 +129,7 @@ void launch_edge_order(const void* row_idx, IndexKind row_index, const void* oth
 void launch_cast_indices(const void* src_idx, const void* dst_idx, ScalarKind kind, int64_t num_edges, int32_t* out,
                          cudaStream_t stream);
 
-// The conditions edgedot/_checks.py:check_graph asks of a graph, one device flag each (ints set to
+// The conditions edgedot/runtime/checks.py:check_graph asks of a graph, one device flag each (ints set to
 // 1 when the condition fails, never cleared: the caller zeroes them).
 enum GraphCheckFlag : int {
   kSrcOutOfRange,  // some src_idx[i] outside [0, num_src) (with check_src)
@@ -164,7 +164,7 @@ int64_t l2_cache_bytes();
 // Widest head (dim and dim_v) the kernels take: 32 lanes of up to 8 elements each.
 inline constexpr int64_t kAttentionMaxDim = 256;
 
-// One side of a graph grouped by row (edgedot.plan.build_side and group_offsets): the edges of row
+// One side of a graph grouped by row (edgedot.runtime.plan.build_side and group_offsets): the edges of row
 // r lie at sorted positions offsets[r] .. offsets[r + 1] - 1; position i holds edge order[i], whose
 // other row is the low 32 bits of row_other[i] (-1 when out of range). Positions from
 // offsets[num_rows] on hold edges whose row is out of range.
@@ -199,7 +199,7 @@ struct RowChunks {
   const int32_t* row_order;    // [num_rows], or null
 };
 
-// The (seed, offset) pair a dropout mask is a hash of (edgedot/_dropout.py, csrc/attention/dropout.cuh), as a
+// The (seed, offset) pair a dropout mask is a hash of (edgedot/runtime/dropout.py, csrc/attention/dropout.cuh), as a
 // kernel finds it: the values themselves (seed_ptr null), or device pointers to them, read as
 // (*seed_ptr, *offset_ptr + offset_add). The pointers serve a CUDA graph being captured, whose
 // replays each read the offset the generator holds then (torch's PhiloxCudaState, mirrored without

@@ -1,4 +1,4 @@
-// The checks of a graph's index tensors on the device: check_graph (edgedot/_checks.py:check_graph
+// The checks of a graph's index tensors on the device: check_graph (edgedot/runtime/checks.py:check_graph
 // in one kernel and one wait), and the memo of index tensors a checked forward found in range.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -25,7 +25,7 @@ IndexKind kind_of(const at::Tensor& idx) { return idx.scalar_type() == at::kInt 
 
 }  // namespace
 
-// Every condition of edgedot/_checks.py:check_graph on the device in one kernel, then one copy of
+// Every condition of edgedot/runtime/checks.py:check_graph on the device in one kernel, then one copy of
 // the flags to the host and one wait for the stream: bit k of the result is set when condition k
 // of GraphCheckFlag fails (the pointer's bits only with dst_ptr, the ranges' only when asked).
 int64_t check_graph(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,

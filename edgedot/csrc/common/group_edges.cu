@@ -1,4 +1,4 @@
-// The grouping of edgedot.plan.build_side and group_offsets from the keys and positions of
+// The grouping of edgedot.runtime.plan.build_side and group_offsets from the keys and positions of
 // launch_sort_by_row, in one kernel: order, row_other and the row offsets, bit for bit as the
 // tensor operations build them.
 #include "common/common.cuh"

@@ -1,5 +1,5 @@
 // Edges sorted and grouped by row on the device: the backward's per-call sorts (sort_by_row.cu) and
-// the attention grouping of edgedot.plan.build_side (group_edges.cu).
+// the attention grouping of edgedot.runtime.plan.build_side (group_edges.cu).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -65,7 +65,7 @@ bool packable_sort(const GradArgs& args, int64_t grad_bytes) {
          args.heads * grad_bytes <= 4;
 }
 
-// edgedot.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
+// edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
 // bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
 // instead of a dozen tensor operations. Never waits for the device.
 std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,

@@ -15,7 +15,7 @@
 namespace edgedot {
 
 // Index tensors a checked forward found in range, each remembered until its memory changes, by the
-// rule of edgedot/_checks.py:TensorMemo: keyed on the tensor's base (itself, or the tensor a view
+// rule of edgedot/runtime/checks.py:TensorMemo: keyed on the tensor's base (itself, or the tensor a view
 // views, which shares its version counter) and the view's place in it, so edge_index[0], a new
 // view every call, finds the previous call's entry; valid while that base lives, keeps its memory
 // and its version. Repeated calls on one graph then neither check nor wait. Here rather than in

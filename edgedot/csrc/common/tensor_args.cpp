@@ -39,7 +39,7 @@ bool stream_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The argument rules of edgedot/_checks.py:check_inputs, as a predicate: the eager path asks
+// The argument rules of edgedot/runtime/checks.py:check_inputs, as a predicate: the eager path asks
 // here first (cheaper than Python), and Python's check_inputs words the error when it fails.
 bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const at::Tensor& src_idx,
                   const at::Tensor& dst_idx) {

@@ -1,7 +1,7 @@
 // The torch side shared by the op families (edge_dot/, attention/): tensor arguments turned into
 // the kernels' plain types (edgedot.h), host flags and streams, the argument predicates, and the
 // graph ops of common/ that the extension exposes (check_graph, group_edges) or a family calls
-// (the per-call sorts by row). Shapes and dtypes were validated in Python (edgedot/_checks.py)
+// (the per-call sorts by row). Shapes and dtypes were validated in Python (edgedot/runtime/checks.py)
 // before these are called.
 #pragma once
 

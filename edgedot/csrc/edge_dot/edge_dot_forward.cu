@@ -145,7 +145,7 @@ forward_kernel(ForwardArgs a, EdgeOrder order, int group, int tile_items) {
   using A = accum_t<T>;
   const SrcIdx* __restrict__ src_idx = static_cast<const SrcIdx*>(a.src_idx);
   const DstIdx* __restrict__ dst_idx = static_cast<const DstIdx*>(a.dst_idx);
-  const int vectors = static_cast<int>(a.dim / VEC);  // below 2**31 (bindings.cpp)
+  const int vectors = static_cast<int>(a.dim / VEC);  // below 2**31 (edge_dot/edge_dot_ops.cpp)
   const int64_t items = a.num_edges * a.heads;
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -273,7 +273,7 @@ void launch_both_orders(const ForwardArgs& a, const EdgeOrder& order, bool round
   } else {
     launch<T, VEC, SrcIdx, DstIdx, false>(a, order, stream);
   }
-  // Orders are only made for rows of more than 640 bytes (bindings.cpp): plain loads there.
+  // Orders are only made for rows of more than 640 bytes (edge_dot/edge_dot_ops.cpp): plain loads there.
   if (order.order != nullptr) launch<T, VEC, SrcIdx, DstIdx, true>(a, order, stream);
 }
 

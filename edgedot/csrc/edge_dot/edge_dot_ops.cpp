@@ -1,6 +1,6 @@
 // Edge dot products on the torch side: tensor checks, layouts, allocation, streams, index errors
 // (edge_dot_forward.cu, edge_dot_backward_atomic.cu, edge_dot_backward_sorted.cu, and the visit
-// order of common/edge_order.cu). Shapes and dtypes were validated in Python (edgedot/_checks.py)
+// order of common/edge_order.cu). Shapes and dtypes were validated in Python (edgedot/runtime/checks.py)
 // before these are called.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -76,7 +76,7 @@ c10::optional<OrderChoice> choose_edge_order(const at::Tensor& src_feat, const a
 // Widest float32 rows (features per head) whose atomic backward accumulates in double.
 constexpr int64_t kDoubleAccumMaxDim = 16;
 
-// Outcome codes of forward, turned into exceptions in Python (edgedot/ops.py).
+// Outcome codes of forward, turned into exceptions in Python (edgedot/ops/edge_dot.py).
 constexpr int64_t kOk = 0, kBadSrcIndex = 1, kBadDstIndex = 2, kInvalidInputs = 3;
 
 // Returns the output and an outcome code: kBadSrcIndex / kBadDstIndex when src_idx / dst_idx
@@ -200,7 +200,7 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
     at::Tensor workspace = at::empty({sorted_workspace_slots(args, chunk_edges), row_heads, dim},
                                      options.dtype(half ? at::kFloat : dtype));
     if (plan.has_value()) {
-      // Layout checked in Python (edgedot/plan.py): [order | row_other], num_edges each.
+      // Layout checked in Python (edgedot/runtime/plan.py): [order | row_other], num_edges each.
       const int64_t* p = plan->data_ptr<int64_t>();
       launch_grad_planned(args, PlanSide{p, reinterpret_cast<const uint64_t*>(p + num_edges)}, grad.data_ptr(),
                           workspace.data_ptr(), chunk_edges, scalar_kind(dtype), stream);

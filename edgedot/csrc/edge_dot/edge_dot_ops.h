@@ -1,5 +1,5 @@
 // Edge dot products (SDDMM) on the torch side: the forward, its visit order and one side's gradient
-// (edge_dot/edge_dot_ops.cpp), called from Python through edgedot/ops.py.
+// (edge_dot/edge_dot_ops.cpp), called from Python through edgedot/ops/edge_dot.py.
 #pragma once
 
 #include <ATen/ATen.h>
