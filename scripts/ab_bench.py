@@ -5,6 +5,7 @@ alternating A B A B so that drift hits both. Checks each result against a float6
     python scripts/ab_bench.py --a OLD_ROOT --b NEW_ROOT [--rounds 2] [--json FILE]
 
 Prints, per case, the median of each checkout (the smaller of its rounds' medians) and B / A.
+Each side builds into its own cache folder, $AB_CACHE_A and $AB_CACHE_B (default /tmp/ab_cache_a, _b).
 """
 
 import argparse
@@ -98,8 +99,8 @@ def worker(names, reps):
     print("AB_RESULT " + json.dumps(results))
 
 
-def run_worker(root, names, reps):
-    env = dict(os.environ, PYTHONPATH=root, EDGEDOT_CACHE=os.path.join("/tmp", "ab_cache_" + os.path.basename(root)))
+def run_worker(side, root, names, reps):
+    env = dict(os.environ, PYTHONPATH=root, EDGEDOT_CACHE=os.environ.get(f"AB_CACHE_{side.upper()}", f"/tmp/ab_cache_{side}"))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--reps", str(reps), *names],
                           cwd=root, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
@@ -125,7 +126,7 @@ def main():
     runs = {"a": [], "b": []}
     for _ in range(args.rounds):
         for side, root in (("a", args.a), ("b", args.b)):
-            runs[side].append(run_worker(os.path.abspath(root), names, args.reps))
+            runs[side].append(run_worker(side, os.path.abspath(root), names, args.reps))
     table = {}
     print(f"{'case':28s} {'mode':18s} {'A us':>10s} {'B us':>10s} {'B/A':>6s}")
     for name in names:
