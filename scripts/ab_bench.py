@@ -1,6 +1,9 @@
 """Times two checkouts of edgedot on the same GPU in one run: the attention ops' forward and
 forward + backward on the same graphs, each checkout in its own processes (its own build cache),
 alternating A B A B so that drift hits both. Checks each result against a float64 reference first.
+A static graph (an EdgePlan) is timed by CUDA-graph replay (the kernels alone); a mini-batch, a new
+graph every step, by back-to-back calls (host work included). Each sample is 10 steps between two
+CUDA events; a case's figure is the median of its samples.
 
     python scripts/ab_bench.py --a OLD_ROOT --b NEW_ROOT [--rounds 2] [--json FILE]
 
@@ -60,7 +63,7 @@ def worker(names, reps):
             graphs = [(src, dst, dict(plan=plan))]
         else:  # a new sorted mini-batch graph every call: 16384 seeds x 10 in-edges
             graphs = []
-            for i in range(reps + 3):
+            for i in range(10 * reps + 5):
                 s = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
                 d = torch.arange(edges // 10, device="cuda").repeat_interleave(10)
                 graphs.append((s, d, dict(dst_ptr=edgedot.index_to_ptr(d, nodes))))
@@ -77,22 +80,48 @@ def worker(names, reps):
             del ref
         times = {}
         for mode in ("forward", "forward+backward"):
-            samples = []
-            for i in range(reps + 3):
+            def step(i):
                 s, d, kw = graphs[i % len(graphs)]
-                for t in inputs:
-                    t.grad = None
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
                 out = fn(*inputs, s, d, **kw)
                 if mode != "forward":
-                    out.backward(torch.ones_like(out))
+                    out.backward(grad)
+                return out
+            grad = torch.ones_like(out)
+            for t in inputs:
+                t.grad = None
+            if layout == "plan":
+                # A static graph: the step captured in a CUDA graph and replayed, so that the
+                # time is the kernels' alone (host work and launch gaps excluded).
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for i in range(3):
+                        step(i)
+                        for t in inputs:
+                            t.grad = None
+                torch.cuda.current_stream().wait_stream(side)
+                cuda_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cuda_graph):
+                    step(0)
+                run_block = cuda_graph.replay
+            else:
+                counter = iter(range(10**9))
+                run_block = lambda: step(next(counter))  # noqa: E731
+            run_block()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(10):
+                    run_block()
                 end.record()
                 torch.cuda.synchronize()
-                if i >= 3:
-                    samples.append(start.elapsed_time(end) * 1000)
+                samples.append(start.elapsed_time(end) * 100)  # microseconds per step
             samples.sort()
             times[mode] = samples[len(samples) // 2]
+            for t in inputs:
+                t.grad = None
         results[name] = dict(times, error=err)
         del inputs, graphs, out
         torch.cuda.empty_cache()
