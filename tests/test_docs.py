@@ -71,3 +71,18 @@ def test_api_documents_the_gat_layers_forward(name):
     assert f"`forward({signature})`" in API, signature
     for parameter in ("lin_src", "att_src", "lin_edge", "res", "bias") if name == "GATConv" else ("lin_l", "lin_r", "att"):
         assert f"`{parameter}`" in API, parameter
+
+
+def test_readme_and_install_agree_on_the_gpu_wheel_check():
+    """README.md offers the prebuilt CUDA wheel; what it says of that wheel's check on a GPU
+    (built, installed without nvcc, CUDA tests run) is what docs/install.md's table of versions
+    tested records."""
+    install = (REPO / "docs" / "install.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    (row,) = [line for line in install.splitlines()
+              if line.startswith("| CUDA wheel built, installed without nvcc")]
+    result = row.strip(" |").split("|")[-1].strip()
+    setup = readme[readme.index("## Set-up"):readme.index("## Usage")]
+    assert "wheel" in setup
+    status = result.split(" (")[0]  # e.g. "not yet run", or the tests' count
+    assert status in setup, (status, setup)
