@@ -328,8 +328,8 @@ def _case_errors(rank, world_size, device):
 
 def _case_shard_signatures(rank, world_size, device):
     """Shards of equal row bytes but another dtype or width on one rank raise on every rank, naming
-    the argument; so do shards one rank alone refuses. A signature is agreed once: calls that
-    repeat it exchange nothing more."""
+    the argument; so do shards one rank alone refuses. Every call agrees once: one small
+    all_reduce, whatever the signature of the call before."""
     num = 10
     off = [0] + [num * (r + 1) // world_size for r in range(world_size)]
     rows = off[rank + 1] - off[rank]
@@ -351,7 +351,7 @@ def _case_shard_signatures(rank, world_size, device):
             assert message in str(info.value), (rank, str(info.value))
         elif rank != last:
             assert f"rank {last}" in str(info.value), (rank, str(info.value))
-    # The group is still usable, and an agreed signature is not agreed again.
+    # The group is still usable, and each call runs exactly one agreement.
     reduces = []
     real_all_reduce = dist.all_reduce
 
@@ -366,8 +366,8 @@ def _case_shard_signatures(rank, world_size, device):
         for _ in range(3):
             got = plan(src[off[rank]:off[rank + 1]], src[off[rank]:off[rank + 1]])
             torch.testing.assert_close(got, want, rtol=0, atol=0)
-        assert len(reduces) == 1, reduces
+        assert len(reduces) == 3, reduces
         plan(src[off[rank]:off[rank + 1]].double(), src[off[rank]:off[rank + 1]].double())
-        assert len(reduces) == 2, reduces
+        assert len(reduces) == 4, reduces
     finally:
         dist.all_reduce = real_all_reduce

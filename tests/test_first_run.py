@@ -53,6 +53,19 @@ def test_readme_usage_runs_as_written(device, tmp_path):
     script.write_text(_usage_block())
     proc = _run([str(script)], env={"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    _check_usage_output(proc.stdout, device)
+
+
+def _check_usage_output(stdout, device):
+    """What the usage block prints, so a new user sees it worked: the device, each result's
+    shape, and edge_dot's largest difference from the unfused math."""
+    lines = stdout.splitlines()
+    assert lines and lines[0] == f"device: {device}", stdout
+    for shape in ("scores: (16384,)", "multi-head logits: (16384, 4)", "graph attention: (768, 4, 48)",
+                  "TransformerConv: (768, 128)"):
+        assert any(line.startswith(shape) for line in lines), (shape, stdout)
+    (difference,) = [line for line in lines if line.startswith("scores: ")]
+    assert float(difference.rsplit(" ", 1)[1]) < 1e-4, difference
 
 
 def test_readme_stays_short_and_keeps_its_setup_commands():

@@ -6,7 +6,9 @@ with PyG's ``TransformerConv`` and ``torch.compile`` of the unfused math; ``gat_
 math and Turbo-GNN's ``gatv2_aggr``.
 
 Run ``python -m edgedot.bench`` on a CUDA device (``--help`` lists the options; ``--quick`` runs
-every case at a tiny size, also on the CPU, as a smoke test of the code paths).
+every case at a tiny size, also on the CPU, as a smoke test of the code paths). Without CUDA it
+refuses the full sizes (hours on a CPU) with a usage error unless ``--full-on-cpu`` asks for
+them; bad ``--cases`` or ``--reps-scale`` values are usage errors naming the option.
 
 Modules: ``__main__`` (command line), ``timing`` (clocks, bandwidth probes, the measurement of
 one path), ``graphs`` (the random edge lists: uniform and R-MAT), ``cases`` (the edge_dot cases

@@ -18,29 +18,76 @@ from .timing import (FULL, QUICK, CudaClock, HostClock, cache_bytes, copy_bandwi
                      l2_probe_bytes, progress, release_memory)
 
 
-def select_cases(names, quick):
-    """The chosen cases (all by default), shrunk for ``--quick``; edge_dot cases first."""
+def _known_cases():
     known = {case.name: (case, shrunk) for case in CASES}
     known.update({case.name: (case, shrunk_attention) for case in ATTENTION_CASES})
     known.update({case.name: (case, shrunk_gat) for case in GAT_CASES})
-    chosen = [name.strip() for name in names.split(",")] if names else list(known)
+    return known
+
+
+def select_cases(names, quick):
+    """The chosen cases (all for ``None``), shrunk for ``--quick``; edge_dot cases first.
+    ``names``: a list of case names, or one string of them separated by commas."""
+    known = _known_cases()
+    if names is None:
+        chosen = list(known)
+    else:
+        chosen = [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
     unknown = [name for name in chosen if name not in known]
     if unknown:
         raise SystemExit(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return [shrink(case) if quick else case for case, shrink in (known[name] for name in chosen)]
 
 
-def parse_args(argv):
+def case_names(text):
+    """``--cases``: names separated by commas, each known and none empty."""
+    names = [name.strip() for name in text.split(",")]
+    if not any(names):
+        raise argparse.ArgumentTypeError("no case named: give one or more case names separated by commas, "
+                                         "or leave --cases out for all")
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} holds an empty case name")
+    known = _known_cases()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
+def reps_scale(text):
+    """``--reps-scale``: a positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number, not {text}")
+    return value
+
+
+def parse_args(argv, cuda_available=None):
+    """The options; a usage error (exit status 2, naming the option) for bad values, and without
+    CUDA (``cuda_available``, default: ``torch.cuda.is_available()``) for the full-size suite
+    unless ``--full-on-cpu`` asks for it."""
     parser = argparse.ArgumentParser(prog="python -m edgedot.bench", description=package_doc.splitlines()[0])
-    parser.add_argument("--cases", help="comma-separated case names (default: all): "
+    parser.add_argument("--cases", type=case_names, help="comma-separated case names (default: all): "
                         + ", ".join(case.name for case in [*CASES, *ATTENTION_CASES, *GAT_CASES]))
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test (also on CPU)")
+    parser.add_argument("--full-on-cpu", action="store_true",
+                        help="without CUDA, run the full sizes on the CPU anyway (hours); without it and "
+                             "without --quick, a machine without CUDA is refused")
     parser.add_argument("--json", default="bench_out/bench.json", help="where to write all numbers")
     parser.add_argument("--png", default="bench_out/bench.png", help="where to write the chart")
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
-    parser.add_argument("--reps-scale", type=float, default=1.0,
-                        help="multiplies every number of timed calls")
-    return parser.parse_args(argv)
+    parser.add_argument("--reps-scale", type=reps_scale, default=1.0,
+                        help="multiplies every number of timed calls (a positive number; default 1)")
+    args = parser.parse_args(argv)
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not (cuda_available or args.quick or args.full_on_cpu):
+        parser.error("no CUDA device: the full-size suite is sized for a GPU and would take hours on the "
+                     "CPU; pass --quick for tiny sizes (a smoke test), or --full-on-cpu to run it anyway")
+    return args
 
 
 def main(argv=None):

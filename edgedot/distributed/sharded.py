@@ -4,8 +4,9 @@
 Each rank keeps its slice of the src and dst tables and a list of edges that name global rows.
 Built once per graph (collectively), the plan knows which remote rows each rank needs, from
 whom, and where they go: every call then moves only those rows, once each, by
-``all_to_all_single`` with split sizes fixed in the plan (no host synchronisation per call), and
-the local work runs on the single-GPU kernels.
+``all_to_all_single`` with split sizes fixed in the plan, and the local work runs on the
+single-GPU kernels. Each call starts with one small all_reduce by which every rank agrees on the
+shards' dtype and feature shape (on NCCL the host waits for it: one synchronisation per call).
 """
 
 import math
@@ -97,7 +98,6 @@ class ShardedEdgeDot:
         self._src = _Side("src", offsets[0], self.rank)
         self._dst = _Side("dst", offsets[1], self.rank)
         self._build(src_idx.long(), dst_idx.long())
-        self._agreed_signature = None  # the shards' dtypes and shapes every rank agreed on last
         self._bytes = dict.fromkeys(("forward_bytes_sent", "forward_bytes_received",
                                      "backward_bytes_sent", "backward_bytes_received"), 0)
 
@@ -200,22 +200,21 @@ class ShardedEdgeDot:
         and dtype on every rank. Collective: every rank calls it, and every rank runs the
         backward when any does (with shards that require gradients on every rank).
 
-        The first call, and every call whose shards' dtypes or shapes differ from the previous
-        call's, first agrees on them with every rank (one small all_reduce): a dtype or feature
-        shape that differs between ranks, or shards refused on any rank, raise on every rank,
-        naming the argument. Every rank must change its shards' signature in the same call.
+        Every call first agrees on the shards with every rank (one small all_reduce): a dtype
+        or feature shape that differs between ranks, or shards refused on any rank, raise on
+        every rank, naming the argument, also when one rank alone changes its shards between
+        two calls. The agreement runs on every call because no rank can tell by itself whether
+        another rank changed: a rank skipping it while another ran it would leave both waiting
+        in different collectives.
         """
-        signature = _shard_signature(src_shard, dst_shard)
-        if signature is None or signature != self._agreed_signature:
-            self._agree_on_shards(src_shard, dst_shard)
-            self._agreed_signature = signature
+        self._agree_on_shards(src_shard, dst_shard)
         return _ShardedEdgeDotFunction.apply(self, src_shard, dst_shard)
 
     def _agree_on_shards(self, src_shard, dst_shard):
         """Checks the shards here and agrees with every rank on their dtype and feature shape:
         shards of equal row bytes but another dtype or width on one rank would be exchanged
-        without error and corrupt every result. Collective, once per new signature (the
-        shards' dtypes and shapes, remembered per plan): raises on every rank alike."""
+        without error and corrupt every result, and shards of other row bytes would leave the
+        exchange waiting. Collective, on every call: raises on every rank alike."""
         code, error = _OK, None
         try:
             self._check_shards(src_shard, dst_shard)
@@ -398,15 +397,6 @@ def _dtype_code(shard):
 def _feature_shape(shard):
     """``[dim, H, D]`` of a shard (``H`` 0 for a 2-D one): what must match across ranks."""
     return torch.tensor([shard.dim(), shard.shape[1] if shard.dim() == 3 else 0, shard.shape[-1]])
-
-
-def _shard_signature(src_shard, dst_shard):
-    """What the ranks agreed on, as this rank passes it: dtypes, shapes and device of both shards
-    (None for anything but two tensors)."""
-    if not (isinstance(src_shard, torch.Tensor) and isinstance(dst_shard, torch.Tensor)):
-        return None
-    return (src_shard.dtype, tuple(src_shard.shape), src_shard.device,
-            dst_shard.dtype, tuple(dst_shard.shape), dst_shard.device)
 
 
 def _control_device(group):
