@@ -1,7 +1,6 @@
 """The project's licence and citation files, and the package metadata that names them."""
 
 import datetime
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -63,11 +62,17 @@ def test_wheel_metadata_names_the_license(tmp_path):
     """The pure-Python wheel, built as ``pip wheel`` builds it: its metadata says MIT and it
     carries the LICENSE file."""
     pytest.importorskip("pip")
-    if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None:
+    # Asked of a fresh interpreter: importing setuptools here, after the stdlib's distutils was
+    # imported by torch, trips setuptools' distutils shim.
+    probe = ("import importlib.util, setuptools; print(setuptools.__version__, "
+             "importlib.util.find_spec('setuptools.command.bdist_wheel') is not None "
+             "or importlib.util.find_spec('wheel') is not None)")
+    version, can_build = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                        check=True).stdout.split()
+    if can_build != "True":
         pytest.skip("building a wheel needs setuptools>=70.1 or the wheel package")
-    import setuptools
-    if int(setuptools.__version__.split(".")[0]) < 77:
-        pytest.skip(f"license = \"MIT\" (PEP 639) needs setuptools>=77, not {setuptools.__version__}")
+    if int(version.split(".")[0]) < 77:
+        pytest.skip(f"license = \"MIT\" (PEP 639) needs setuptools>=77, not {version}")
     tree = tmp_path / "tree"
     tree.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
