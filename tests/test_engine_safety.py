@@ -92,3 +92,21 @@ def test_plus_inf_gat_score_in_a_hub_is_nan(hub_edges):
     cuda = edgedot.gat_attention(x.cuda(), a_src.cuda(), a_dst.cuda(), src.cuda(), dst.cuda()).cpu()
     assert torch.isnan(cuda[4]).all()
     assert torch.equal(torch.isnan(cpu), torch.isnan(cuda))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_rows_at_the_int32_limit_are_refused(op):
+    """The chunk schedule scans num_rows + 1 int32 counts: 2**31 - 1 rows would wrap it."""
+    rows = 2**31 - 1
+    src = dst = torch.zeros(4, dtype=torch.long)
+
+    def wide(*shape):
+        return torch.zeros(1, *shape[1:]).expand(*shape)
+    if op == "graph_attention":
+        args = (wide(rows, 1, 4), wide(3, 1, 4), wide(3, 1, 4))
+    elif op == "gat_attention":
+        args = (wide(3, 1, 4), wide(3, 1), wide(rows, 1))
+    else:
+        args = (wide(3, 1, 4), wide(rows, 1, 4), wide(1, 4))
+    with pytest.raises(ValueError, match="rows|nodes"):
+        getattr(edgedot, op)(*args, src, dst)

@@ -234,6 +234,8 @@ graph_attention_backward_op = torch.ops.edgedot.graph_attention_backward.default
 
 # Edges a grouping can hold: the kernels count sorted positions in int32.
 MAX_EDGES = 2**31 - 1
+# Rows of either side: below 2**31 - 1, since the chunk schedule scans num_rows + 1 int32 counts.
+MAX_ATTENTION_ROWS = MAX_ROWS - 1
 # Widest head dims (D and Dv) of the CUDA kernels (kAttentionMaxDim in csrc/edgedot.h).
 CUDA_MAX_DIM = 256
 
@@ -280,8 +282,8 @@ def check_inputs(q, k, v, src_idx, dst_idx, edge_feat):
     if num_edges >= MAX_EDGES:
         raise ValueError(f"src_idx has {num_edges} edges; graph_attention takes fewer than {MAX_EDGES}")
     for name, t in (("q", q), ("k", k)):
-        if t.shape[0] > MAX_ROWS:
-            raise ValueError(f"{name} has {t.shape[0]} rows; graph_attention takes at most {MAX_ROWS}")
+        if t.shape[0] > MAX_ATTENTION_ROWS:
+            raise ValueError(f"{name} has {t.shape[0]} rows; graph_attention takes at most {MAX_ATTENTION_ROWS}")
 
 
 def check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator=None):

@@ -26,9 +26,8 @@ from ..cpu import gat as cpu_gat
 from ..runtime import dropout
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
-from ..runtime.plan import MAX_ROWS
-from .attention import (CUDA_MAX_DIM, MAX_EDGES, _grouping, backward_groupings, check_options, draw_cpu,
-                        edge_groupings, forward_fake, setup_context)
+from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
+                        draw_cpu, edge_groupings, forward_fake, setup_context)
 from .attention import _check_graph as _check_edges
 
 __all__ = ["gat_attention", "gatv2_attention", "gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op",
@@ -224,8 +223,8 @@ def _check_graph(first, tensors, src_idx, dst_idx, num_src, num_dst, channels):
     if src_idx.shape[0] >= MAX_EDGES:
         raise ValueError(f"src_idx has {src_idx.shape[0]} edges; at most {MAX_EDGES - 1} are supported")
     for side, rows in (("source", num_src), ("destination", num_dst)):
-        if rows > MAX_ROWS:
-            raise ValueError(f"{rows} {side} nodes; at most {MAX_ROWS} are supported")
+        if rows > MAX_ATTENTION_ROWS:
+            raise ValueError(f"{rows} {side} nodes; at most {MAX_ATTENTION_ROWS} are supported")
 
 
 def check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx):
