@@ -63,7 +63,7 @@ def worker(names, reps):
             graphs = [(src, dst, dict(plan=plan))]
         else:  # a new sorted mini-batch graph every call: 16384 seeds x 10 in-edges
             graphs = []
-            for i in range(10 * reps + 5):
+            for i in range(2 * (10 * reps + 5)):  # no index tensor seen twice
                 s = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
                 d = torch.arange(edges // 10, device="cuda").repeat_interleave(10)
                 graphs.append((s, d, dict(dst_ptr=edgedot.index_to_ptr(d, nodes))))
@@ -79,6 +79,7 @@ def worker(names, reps):
             assert err < (1e-5 if dt == torch.float32 else 2e-2), (name, err)
             del ref
         times = {}
+        counter = iter(range(1, 10**9))
         for mode in ("forward", "forward+backward"):
             def step(i):
                 s, d, kw = graphs[i % len(graphs)]
@@ -105,7 +106,6 @@ def worker(names, reps):
                     step(0)
                 run_block = cuda_graph.replay
             else:
-                counter = iter(range(10**9))
                 run_block = lambda: step(next(counter))  # noqa: E731
             run_block()
             torch.cuda.synchronize()
@@ -129,7 +129,8 @@ def worker(names, reps):
 
 
 def run_worker(side, root, names, reps):
-    env = dict(os.environ, PYTHONPATH=root, EDGEDOT_CACHE=os.environ.get(f"AB_CACHE_{side.upper()}", f"/tmp/ab_cache_{side}"))
+    cache = os.environ.get(f"AB_CACHE_{side.upper()}", f"/tmp/ab_cache_{side}")
+    env = dict(os.environ, PYTHONPATH=root, EDGEDOT_CACHE=cache)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--reps", str(reps), *names],
                           cwd=root, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
