@@ -566,6 +566,25 @@ def test_layer_torchscript():
 
 
 @requires_pyg
+def test_layer_compile():
+    """torch.compile of a training step matches eager (whole-graph without self-loop handling,
+    whose edge count depends on the data)."""
+    g = gen(8)
+    x, edge_index = rand_feat((20, 6), torch.float64, g=g), _pyg_helpers()._graph(20, 20, 80, "cpu", g)
+    for loops in (False, True):
+        torch._dynamo.reset()
+        _, ours = _pair(add_self_loops=loops)
+
+        def step(x):
+            return ours(x, edge_index).square().sum()
+
+        eager = torch.autograd.grad(step(x), list(ours.parameters()))
+        compiled = torch.compile(step, fullgraph=not loops, backend="aot_eager")
+        for a, b in zip(torch.autograd.grad(compiled(x), list(ours.parameters())), eager):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@requires_pyg
 def test_layer_autocast():
     """Under CPU autocast (bfloat16): x from a Linear (bfloat16) beside the float32 beta, and a
     float32 x; the output has PyG's dtype and is close to PyG's, beta gets a gradient."""
