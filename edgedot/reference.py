@@ -7,7 +7,7 @@ checking results, not for speed.
 import torch
 
 __all__ = ["edge_dot_reference", "graph_attention_reference", "gat_attention_reference",
-           "gatv2_attention_reference"]
+           "gatv2_attention_reference", "agnn_attention_reference"]
 
 
 def edge_dot_reference(src_feat, dst_feat, src_idx, dst_idx):
@@ -120,3 +120,24 @@ def gatv2_attention_reference(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=
         m = m.masked_fill(dead[..., None], 0)
         score = (att * torch.nn.functional.leaky_relu(m, negative_slope)).sum(-1).masked_fill(dead, float("-inf"))
     return _softmax_aggregate(score, value, dst, x_dst.shape[0], keep, dropout_p)
+
+
+def agnn_attention_reference(x, beta, src_idx, dst_idx):
+    """Unfused AGNN attention, the oracle of :func:`edgedot.agnn_attention` (PyG's ``AGNNConv``).
+
+    ``x_norm = F.normalize(x, p=2, dim=-1)``, ``score[e, h] = beta[h] * <x_norm[dst[e], h],
+    x_norm[src[e], h]>``, softmax over the edges of each destination and head, ``out[n, h] =
+    sum_e alpha[e, h] * x[src[e], h]``. ``x`` ``[N, C]`` or ``[N, H, C]``, ``beta`` ``[1]`` or
+    ``[H]``. Gathers ``[E, H, C]`` tensors and computes in the inputs' dtype (pass float64 inputs
+    for an oracle).
+
+    Returns ``(out, alpha)`` shaped like ``x`` and ``[E, H]`` (``[E]`` for a 2-D ``x``);
+    differentiable.
+    """
+    flat = x.dim() == 2
+    x = x.unsqueeze(1) if flat else x
+    src, dst = src_idx.long(), dst_idx.long()
+    x_norm = torch.nn.functional.normalize(x, p=2.0, dim=-1)
+    score = beta * (x_norm[dst] * x_norm[src]).sum(-1)
+    out, alpha = _softmax_aggregate(score, x[src], dst, x.shape[0], None, 0.0)
+    return (out.squeeze(1), alpha.squeeze(1)) if flat else (out, alpha)

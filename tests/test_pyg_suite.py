@@ -1,5 +1,5 @@
-"""PyG's own tests of TransformerConv, GATConv and GATv2Conv (and its explain tests that build
-one), and of the auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes:
+"""PyG's own tests of TransformerConv, GATConv, GATv2Conv and AGNNConv (and its explain tests that
+build one), and of the auto-encoders (InnerProductDecoder), unchanged, run against edgedot's classes:
 see tests/pyg/README.md for where the files come from."""
 
 import os
@@ -15,9 +15,10 @@ pytest.importorskip("torch_geometric")
 PYG_DIR = pathlib.Path(__file__).parent / "pyg"
 UPSTREAM = pathlib.Path(os.environ.get("EDGEDOT_PYG_TESTS", PYG_DIR / "upstream"))
 CONV_TEST = "test/nn/conv/test_transformer_conv.py"
-CONV_TESTS = [CONV_TEST, "test/nn/conv/test_gat_conv.py", "test/nn/conv/test_gatv2_conv.py"]
+CONV_TESTS = [CONV_TEST, "test/nn/conv/test_gat_conv.py", "test/nn/conv/test_gatv2_conv.py",
+              "test/nn/conv/test_agnn_conv.py"]
 DECODER_TEST = "test/nn/models/test_autoencoder.py"
-SWAPPED_LAYERS = ("TransformerConv", "GATConv", "GATv2Conv")
+SWAPPED_LAYERS = ("TransformerConv", "GATConv", "GATv2Conv", "AGNNConv")
 
 
 def _test_files():
@@ -55,12 +56,12 @@ def test_swap_plugin_puts_edgedot_layers_in_pyg(tmp_path):
     namespaces at module level are edgedot's classes, and so is what PyG's own code builds."""
     (tmp_path / "test_names.py").write_text(
         "import edgedot.nn\n"
-        "from torch_geometric.nn import GAE, GATConv, GATv2Conv, InnerProductDecoder, TransformerConv\n"
+        "from torch_geometric.nn import GAE, AGNNConv, GATConv, GATv2Conv, InnerProductDecoder, TransformerConv\n"
         "from torch_geometric.nn.conv.gat_conv import GATConv as Defined\n\n"
         "def test_names():\n"
         "    assert GATConv is edgedot.nn.GATConv and Defined is edgedot.nn.GATConv\n"
         "    assert GATv2Conv is edgedot.nn.GATv2Conv and TransformerConv is edgedot.nn.TransformerConv\n"
-        "    assert InnerProductDecoder is edgedot.nn.InnerProductDecoder\n"
+        "    assert InnerProductDecoder is edgedot.nn.InnerProductDecoder and AGNNConv is edgedot.nn.AGNNConv\n"
         "    assert type(GAE(GATConv(4, 4)).decoder) is edgedot.nn.InnerProductDecoder\n")
     root = pathlib.Path(__file__).parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(PYG_DIR), os.environ.get("PYTHONPATH", "")]))

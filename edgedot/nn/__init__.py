@@ -1,15 +1,16 @@
 """``nn.Module`` wrappers around :func:`edgedot.edge_dot`, :func:`edgedot.graph_attention`,
-:func:`edgedot.gat_attention` and :func:`edgedot.gatv2_attention`, the attention layers drop-ins
-for PyG's. ``import edgedot`` loads this package only when ``edgedot.nn`` is first used, so the
-ops do not import ``torch_geometric``."""
+:func:`edgedot.gat_attention`, :func:`edgedot.gatv2_attention` and :func:`edgedot.agnn_attention`,
+the attention layers drop-ins for PyG's. ``import edgedot`` loads this package only when
+``edgedot.nn`` is first used, so the ops do not import ``torch_geometric``."""
 
 import torch
 
 from ..ops.edge_dot import edge_dot
+from .agnn_conv import AGNNConv
 from .gat_conv import GATConv, GATv2Conv
 from .transformer_conv import TransformerConv
 
-__all__ = ["EdgeDot", "GATConv", "GATv2Conv", "InnerProductDecoder", "TransformerConv"]
+__all__ = ["AGNNConv", "EdgeDot", "GATConv", "GATv2Conv", "InnerProductDecoder", "TransformerConv"]
 
 
 class EdgeDot(torch.nn.Module):

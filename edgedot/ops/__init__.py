@@ -1,14 +1,16 @@
-"""The ops, one module per family: :mod:`~edgedot.ops.edge_dot`, :mod:`~edgedot.ops.attention` and
-:mod:`~edgedot.ops.gat`, each with its public function and the ``torch.library`` operators behind it."""
+"""The ops, one module per family: :mod:`~edgedot.ops.edge_dot`, :mod:`~edgedot.ops.attention`,
+:mod:`~edgedot.ops.gat` and :mod:`~edgedot.ops.agnn`, each with its public function and the
+``torch.library`` operators behind it."""
 
-from . import attention, edge_dot, gat
+from . import agnn, attention, edge_dot, gat
 
 # What edgedot.ops was before the ops were split by family: edge_dot's operators and eager CUDA path,
 # and the names that module imported.
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_graph, check_inputs, output_shape, sorted_indices
 from ..runtime.plan import check_plan_layout
+from .agnn import agnn_attention
 from .edge_dot import (REDUCTIONS, SORT_MIN_EDGES, EagerCUDAEdgeDot, edge_dot_grad_op, edge_dot_op, forward_cuda,
                        grad_cuda)
 
-__all__ = ["edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "forward_cuda", "grad_cuda"]
+__all__ = ["agnn_attention", "edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "forward_cuda", "grad_cuda"]

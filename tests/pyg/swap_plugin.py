@@ -2,8 +2,8 @@
 
 ``python -m pytest -p swap_plugin <PyG test files>`` (with ``tests/pyg`` on ``sys.path``) makes
 every name by which those tests (and PyG's own code) reach a swapped PyG class
-(``TransformerConv``, ``GATConv``, ``GATv2Conv``, ``InnerProductDecoder``) edgedot's class, before any test module is
-imported; the test bodies stay unchanged.
+(``TransformerConv``, ``GATConv``, ``GATv2Conv``, ``AGNNConv``, ``InnerProductDecoder``) edgedot's
+class, before any test module is imported; the test bodies stay unchanged.
 """
 
 import importlib
@@ -19,6 +19,8 @@ SWAPPED = {
                                      "torch_geometric.nn")),
     "GATv2Conv": (edgedot.nn.GATv2Conv, ("torch_geometric.nn.conv.gatv2_conv", "torch_geometric.nn.conv",
                                          "torch_geometric.nn")),
+    "AGNNConv": (edgedot.nn.AGNNConv, ("torch_geometric.nn.conv.agnn_conv", "torch_geometric.nn.conv",
+                                       "torch_geometric.nn")),
     "InnerProductDecoder": (edgedot.nn.InnerProductDecoder, ("torch_geometric.nn.models.autoencoder",
                                                              "torch_geometric.nn.models", "torch_geometric.nn")),
 }
