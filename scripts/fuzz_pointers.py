@@ -17,7 +17,7 @@ import torch
 
 import edgedot
 
-OPS = ("graph_attention", "gat_attention", "gatv2_attention")
+OPS = ("graph_attention", "gat_attention", "gatv2_attention", "agnn_attention")
 
 
 def hostile_ptr(gen, num_rows, num_edges, device):
@@ -74,6 +74,8 @@ def make_inputs(op, gen, num_src, num_dst, heads, dim, dtype, device):
         return leaf(num_dst, heads, dim), leaf(num_src, heads, dim), leaf(num_src, heads, dim)
     if op == "gat_attention":
         return leaf(num_src, heads, dim), leaf(num_src, heads), leaf(num_dst, heads)
+    if op == "agnn_attention":  # one node set: sources and destinations alike
+        return leaf(num_dst, heads, dim), leaf(heads)
     return leaf(num_src, heads, dim), leaf(num_dst, heads, dim), leaf(heads, dim)
 
 
@@ -87,6 +89,8 @@ def fuzz(device, rounds, seed):
         num_src, num_dst = 37 + r, 23 + r % 5
         num_edges = int(torch.randint(1, 3000, (1,), generator=gen))
         inputs = make_inputs(op, gen, num_src, num_dst, 2, (1, 8, 33)[r % 3], dtype, device)
+        if op == "agnn_attention":
+            num_src = num_dst
         src = hostile_index(gen, num_src, num_edges, device, index_dtype)
         dst = hostile_index(gen, num_dst, num_edges, device, index_dtype)
         if call(op, inputs, src, dst, None, device) is not None:

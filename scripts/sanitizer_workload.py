@@ -169,6 +169,21 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
         gat_calls(dt, C, misaligned, 0.3, True, False)
         gat_calls(dt, C, misaligned, 0.0, False, True)
 
+# AGNN (CosineScore): every dtype, a hub long enough to be chunked, one and several heads, the
+# edges given grouped, unchecked out-of-range indices.
+for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+    for H, C in [(1, 7), (3, 32), (2, 256)]:
+        x = torch.randn(300, H, C, device=dev, dtype=dt, requires_grad=True)
+        beta = torch.rand(H, device=dev, requires_grad=True)
+        src = torch.randint(0, 300, (9000,), device=dev)
+        dst = torch.randint(0, 300, (9000,), device=dev)
+        dst[:5000] = 11
+        edgedot.agnn_attention(x, beta, src, dst).sum().backward()
+        dst_sorted = torch.sort(dst).values
+        edgedot.agnn_attention(x, beta, src, dst_sorted, dst_ptr=edgedot.index_to_ptr(dst_sorted, 300)).sum().backward()
+        src[::97] = 300
+        edgedot.agnn_attention(x, beta, src, dst, check_indices=False).nan_to_num().sum().backward()
+
 # The fused input check (one kernel, one wait): good graphs, a pointer that disagrees, an index out of range.
 for it in [torch.int32, torch.int64]:
     q, k, v = (torch.randn(n, 2, 16, device=dev) for n in (300, 400, 400))
