@@ -4,7 +4,7 @@ and :func:`edgedot.gatv2_attention`."""
 
 import math
 import typing
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,21 @@ def _zero(param):
     if param is not None:
         with torch.no_grad():
             param.zero_()
+
+
+def _promoted(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """``tensors`` (None stays None) in the dtype their arithmetic would promote to. Under autocast
+    the projections come out in the autocast dtype while the attention vectors stay float32, and
+    PyG's layer then computes the attention in float32 by type promotion; the fused op, which takes
+    one dtype, gets its inputs in that dtype too."""
+    dtype: Optional[torch.dtype] = None
+    for t in tensors:
+        if t is not None:
+            dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
+    out: List[Optional[Tensor]] = []
+    for t in tensors:
+        out.append(None if t is None or dtype is None else t.to(dtype))
+    return out
 
 
 class _GATBase(MessagePassing):
@@ -184,6 +199,10 @@ class GATConv(_GATBase):
     ``propagate``; there ``alpha`` is differentiable. Unlike PyG's layer, a module holding this
     one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
     returns the weights too, one return type per signature).
+
+    Under autocast the attention is computed in the dtype PyG's layer computes it in: the
+    projections come out in the autocast dtype, the attention vectors stay float32, and type
+    promotion makes the attention and the output float32.
 
     Without PyG, self-loops of a ``torch.sparse`` adjacency and ``fill_value`` reductions other
     than ``"add"``, ``"sum"`` and ``"mean"`` raise ``ValueError``.
@@ -362,6 +381,7 @@ class GATConv(_GATBase):
             # The edge term through [H, edge_dim] weights: no [E, H, C] projection.
             weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
             a_edge = edge_attr @ (weight * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+        x_src, a_src, a_dst, a_edge = _promoted([x_src, a_src, a_dst, a_edge])
         return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
                             return_attention_weights)
 
@@ -526,6 +546,6 @@ class GATv2Conv(_GATBase):
             if self.lin_edge is None:
                 raise ValueError("edge_attr was given but the layer was built without edge_dim")
             edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        att = self.att.view(self.heads, self.out_channels)
+        x_l, x_r, att, edge_feat = _promoted([x_l, x_r, self.att.view(self.heads, self.out_channels), edge_feat])
         return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
                             return_attention_weights)
