@@ -15,7 +15,7 @@ from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
-                   remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
+                   looped_adjacency, remove_self_loops, set_sparse_value, softmax, torch_sparse)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -108,19 +108,27 @@ class _GATBase(MessagePassing):
         return torch_sparse.set_diag(edge_index)
 
     @torch.jit.unused
-    def _loops(self, edge_index, edge_attr, num_nodes):
-        """PyG's self-loop handling: a tensor (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``)
-        loses its self-loops and gains one per node of ``0 .. num_nodes - 1`` (``edge_attr``
-        filled with ``fill_value``); a ``SparseTensor`` gets its diagonal set (refused with
-        ``edge_dim``, as PyG refuses it)."""
-        if not self.add_self_loops:
-            return edge_index, edge_attr
-        if isinstance(edge_index, SparseTensor):
-            return self._sparse_loops(edge_index), edge_attr
+    def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
+        """The edges the fused kernel runs over, after PyG's self-loop handling: a tensor
+        (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``) loses its self-loops and gains one per
+        node of ``0 .. num_nodes - 1`` (``edge_attr`` filled with ``fill_value``); a
+        ``SparseTensor`` gets its diagonal set (refused with ``edge_dim``, as PyG refuses it).
+        Returns ``(edge_index, edge_attr, Adjacency)``: the graph PyG's attention weights are
+        returned with, its edge features, and the kernel's view of it."""
         if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
-            return self_looped(edge_index, edge_attr, self.fill_value, num_nodes)
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+            if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+                adjacency(edge_index, num_src, num_dst, self.flow)  # raises the error naming edge_index
+            if self.add_self_loops:
+                return looped_adjacency(edge_index, edge_attr, self.fill_value, num_nodes, num_src, num_dst,
+                                        self.flow)
+        elif self.add_self_loops:
+            if isinstance(edge_index, SparseTensor):
+                edge_index = self._sparse_loops(edge_index)
+            else:
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                                                       num_nodes=num_nodes)
+        return edge_index, edge_attr, adjacency(edge_index, num_src, num_dst, self.flow)
 
     @torch.jit.unused
     def _fused_edge_attr(self, adj, edge_attr):
@@ -142,8 +150,6 @@ class _GATBase(MessagePassing):
             else:
                 keep = dropout_keep(rng_state, num_edges, self.heads, self.dropout, alpha.device)
                 alpha = alpha * keep / (1 - self.dropout)
-        if self.add_self_loops and type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
-            edge_index = edge_index.clone()  # the looped graph is remembered for the next call: not handed out
         return attention_weights(edge_index, alpha, sparse_values=True)
 
     @torch.jit.unused
@@ -368,8 +374,7 @@ class GATConv(_GATBase):
             raise ValueError(f"size {tuple(size)} disagrees with the node features: "
                              f"{x_src.shape[0]} sources, {num_dst} destinations")
         loops = min(num_src, num_dst) if size is None else min(size)
-        edge_index, edge_attr = self._loops(edge_index, edge_attr, loops)
-        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst)
         a_src = (x_src * self.att_src).sum(dim=-1)
         if x_dst is not None:
             a_dst = (x_dst * self.att_dst).sum(dim=-1)
@@ -538,8 +543,7 @@ class GATv2Conv(_GATBase):
     @torch.jit.unused
     def _fused_forward(self, x_l, x_r, res, edge_index, edge_attr, return_attention_weights):
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
-        edge_index, edge_attr = self._loops(edge_index, edge_attr, min(num_src, num_dst))
-        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, min(num_src, num_dst), num_src, num_dst)
         edge_attr = self._fused_edge_attr(adj, edge_attr)
         edge_feat = None
         if edge_attr is not None:
