@@ -165,3 +165,118 @@ def test_sparse_adjacency_rewritten_through_data(device, kind):
         adj.col_indices().data.copy_(new.col_indices())
         out, out_p = ours(x, adj), theirs(x, adj)
         assert rel_error(out, out_p) <= TOL, f"step {step}: {rel_error(out, out_p):.2e}"
+
+
+# ------------------------------------------------------------------------------ hooks and swapped projections
+
+# The projections each layer calls in PyG's forward (square input, edge_dim, residual / beta).
+PROJECTIONS = {
+    "transformer": ["lin_query", "lin_key", "lin_value", "lin_edge", "lin_skip", "lin_beta"],
+    "gat": ["lin", "lin_edge", "res"],
+    "gat_bipartite": ["lin_src", "lin_dst", "lin_edge", "res"],
+    "gatv2": ["lin_l", "lin_r", "lin_edge", "res"],
+}
+
+
+class _Adapter(torch.nn.Module):
+    """A LoRA-like wrapper: the wrapped projection plus a low-rank term (not a Linear)."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+        out_features, in_features = base.weight.shape
+        g = gen(44)
+        self.down = torch.nn.Parameter(torch.randn(2, in_features, generator=g, dtype=base.weight.dtype))
+        self.up = torch.nn.Parameter(torch.randn(out_features, 2, generator=g, dtype=base.weight.dtype))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.down.t() @ self.up.t()
+
+
+def _scaled_output(module, inputs, output):
+    return output * 1.5 + 0.25
+
+
+def _scaled_input(module, inputs):
+    return (inputs[0] * 0.5,)
+
+
+def _subclassed(module):
+    """The module turned into a subclass of its class whose forward scales and shifts."""
+    cls = type(module)
+    module.__class__ = type(f"Shifted{cls.__name__}", (cls,), {"forward": lambda self, x: cls.forward(self, x) * 1.5 + 0.5})
+    return module
+
+
+MODIFICATIONS = {
+    "forward_hook": lambda layer, name: getattr(layer, name).register_forward_hook(_scaled_output),
+    "forward_pre_hook": lambda layer, name: getattr(layer, name).register_forward_pre_hook(_scaled_input),
+    "adapter": lambda layer, name: setattr(layer, name, _Adapter(getattr(layer, name))),
+    "subclass": lambda layer, name: _subclassed(getattr(layer, name)),
+}
+
+
+def _hook_case(kind):
+    g = gen(45)
+    bipartite = kind == "gat_bipartite"
+    layer_kind = "gat" if bipartite else kind
+    options = dict(heads=2, edge_dim=3, **({"beta": True} if kind == "transformer" else {"residual": True}))
+    theirs, ours = _pair(layer_kind, (6, 5) if bipartite else 6, 4, **options)
+    x_src = rand_feat((10, 6), torch.float64, g=g)
+    x = (x_src, rand_feat((8, 5), torch.float64, g=g)) if bipartite else x_src
+    edge_index = _edges(10, 8 if bipartite else 10, 30, "cpu", g)
+    edge_attr = rand_feat((30, 3), torch.float64, g=g)
+    return theirs, ours, x, edge_index, edge_attr
+
+
+@pytest.mark.parametrize("how", list(MODIFICATIONS))
+@pytest.mark.parametrize("kind,name", [(kind, name) for kind, names in PROJECTIONS.items() for name in names])
+def test_projection_hooks_and_swaps_are_honoured(kind, name, how):
+    """A hook on a projection, or a projection swapped for an adapter or a subclass, changes the
+    output exactly as it changes PyG's: the fused weight concatenations and foldings apply only
+    to plain, unhooked Linear layers."""
+    theirs, ours, x, edge_index, edge_attr = _hook_case(kind)
+    before = ours(x, edge_index, edge_attr)
+    for layer in (ours, theirs):
+        MODIFICATIONS[how](layer, name)
+    out, out_p = ours(x, edge_index, edge_attr), theirs(x, edge_index, edge_attr)
+    assert rel_error(out_p, before) > 1e-3  # the modification matters
+    assert rel_error(out, out_p) <= TOL, f"{rel_error(out, out_p):.2e}"
+
+
+@pytest.mark.parametrize("kind", list(PROJECTIONS))
+def test_global_module_hooks_are_honoured(kind):
+    """Global forward hooks (``register_module_forward_hook``) see every projection PyG's layer
+    calls, and their modifications count."""
+    theirs, ours, x, edge_index, edge_attr = _hook_case(kind)
+    seen = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, (torch.nn.Linear, pyg_nn.Linear)):
+            seen.append(module)
+            return output * 1.25
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        out_p = theirs(x, edge_index, edge_attr)
+        names_p = sorted(n for n, m in theirs.named_modules() for s in seen if s is m)
+        seen.clear()
+        out = ours(x, edge_index, edge_attr)
+        names = sorted(n for n, m in ours.named_modules() for s in seen if s is m)
+    finally:
+        handle.remove()
+    assert names == names_p
+    assert rel_error(out, out_p) <= TOL, f"{rel_error(out, out_p):.2e}"
+
+
+def _refused(*args):
+    raise AssertionError("the projection was called: its weights were expected to be used directly")
+
+
+@pytest.mark.parametrize("kind,names", [("transformer", ["lin_query", "lin_key", "lin_value"]), ("gat", ["lin_edge"])])
+def test_plain_projections_are_used_by_their_weights(kind, names):
+    """Plain, unhooked Linear projections still take the fused GEMM / the folded edge term."""
+    theirs, ours, x, edge_index, edge_attr = _hook_case(kind)
+    for name in names:
+        getattr(ours, name).forward = _refused  # an instance attribute: no hook, the class unchanged
+    assert rel_error(ours(x, edge_index, edge_attr), theirs(x, edge_index, edge_attr)) <= TOL

@@ -9,12 +9,14 @@
   COO/CSR/CSC, ``torch_sparse.SparseTensor``) as the kernels' ``(src, dst)`` index pair, with the
   destination row pointer where the input is sorted by destination.
 * :func:`attention_weights`: what PyG returns as attention weights for that input.
+* :class:`Projections`: whether a projection may be used by its weights (fused, folded) instead
+  of being called: only a plain ``Linear`` without hooks.
 * :func:`remove_self_loops`, :func:`add_self_loops`: PyG's utilities where PyG imports, versions
   for ``[2, E]`` tensors otherwise (the GAT layers' self-loop handling).
 """
 
 import math
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -147,7 +149,53 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
-           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "looped_adjacency", "Adjacency", "adjacency", "attention_weights", "fused_path"]
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "looped_adjacency", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights", "fused_path"]
+
+# The classes a projection may have for its weights to stand for its call.
+PLAIN_LINEAR = (torch.nn.Linear, Linear) if HAVE_PYG else (torch.nn.Linear, _GlorotLinear)
+
+
+def plain_linear(module):
+    """Whether calling ``module`` computes ``F.linear(x, module.weight, module.bias)`` and nothing
+    else: it is a ``torch.nn.Linear`` or PyG's ``Linear`` of exactly that class (not a subclass,
+    a parametrised or lazy one, or an adapter), with no forward or backward hooks of its own and
+    none registered for every module. Only then may a layer use its weights directly (one fused
+    GEMM for several projections, a projection folded into the attention vector); otherwise it
+    calls the module, as PyG's layer does, so that hooks, adapters (LoRA, PEFT) and quantised
+    swaps take effect."""
+    hooks = torch.nn.modules.module
+    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks):
+        return False
+    return (type(module) in PLAIN_LINEAR and not (module._forward_hooks or module._forward_pre_hooks
+                                                  or module._backward_hooks or module._backward_pre_hooks)
+            and not isinstance(module.weight, torch.nn.parameter.UninitializedParameter))
+
+
+class Projections(torch.nn.Module):
+    """Mixin of the layers: :meth:`_plain` tells whether a projection may be used by its weights.
+
+    TorchScript cannot look at hooks or classes at run time: there the answer is the one of the
+    moment the module was scripted (``__prepare_scriptable__``), for the projections named in
+    ``_fusable``."""
+    _fusable: Tuple[str, ...] = ()
+    _plain_when_scripted: Dict[str, bool]
+
+    def _plain(self, name: str) -> bool:
+        """Whether the projection ``name`` is :func:`plain_linear`."""
+        if torch.jit.is_scripting():
+            return self._plain_when_scripted.get(name, False)
+        return self._eager_plain(name)
+
+    @torch.jit.unused
+    def _eager_plain(self, name: str) -> bool:
+        return plain_linear(getattr(self, name))
+
+    def __prepare_scriptable__(self):
+        self._plain_when_scripted = {name: getattr(self, name) is not None and plain_linear(getattr(self, name))
+                                     for name in self._fusable}
+        return self
+
 
 def fused_path(layer):
     """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain

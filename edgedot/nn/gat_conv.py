@@ -13,7 +13,8 @@ from torch.nn import Parameter
 
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
-from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
+from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections, Size,
+                   SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
                    looped_adjacency, remove_self_loops, set_sparse_value, softmax, torch_sparse)
 
@@ -56,7 +57,7 @@ def _promoted(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
     return out
 
 
-class _GATBase(MessagePassing):
+class _GATBase(Projections, MessagePassing):
     """What both layers share: the attributes PyG's layers have, self-loop handling, the heads'
     concatenation or mean, the residual and the bias, and the fused path's bookkeeping."""
 
@@ -206,6 +207,10 @@ class GATConv(_GATBase):
     one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
     returns the weights too, one return type per signature).
 
+    The projections are called as modules, as in PyG's layer (hooks, adapters and swapped modules
+    take effect), except ``lin_edge`` where it is a plain bias-free ``Linear`` without hooks: its
+    weights are then folded into ``att_edge`` (no ``[E, heads, out_channels]`` projection).
+
     Under autocast the attention is computed in the dtype PyG's layer computes it in: the
     projections come out in the autocast dtype, the attention vectors stay float32, and type
     promotion makes the attention and the output float32.
@@ -240,6 +245,9 @@ class GATConv(_GATBase):
             self.register_parameter("att_edge", None)
         self._init_tail(in_channels, bias)
         self.reset_parameters()
+
+    # The edge term through lin_edge's weights when it is a plain Linear (_pyg.plain_linear).
+    _fusable = ("lin_edge",)
 
     def reset_parameters(self):
         """Re-initialises every parameter as PyG's layer does (same order, same draws)."""
@@ -366,6 +374,18 @@ class GATConv(_GATBase):
         """PyG's message: the source's features weighted by the edge's attention."""
         return alpha.unsqueeze(-1) * x_j
 
+    def _edge_logits(self, edge_attr: Tensor) -> Tensor:
+        """``<lin_edge(edge_attr), att_edge>`` per edge and head, ``[E, H]``: through ``[H,
+        edge_dim]`` weights, with no ``[E, H, C]`` projection, where ``lin_edge`` is a plain
+        bias-free ``Linear``; else by calling ``lin_edge``, as PyG's layer does."""
+        H, C = self.heads, self.out_channels
+        if self.lin_edge is not None and self.att_edge is not None:
+            if hasattr(self.lin_edge, "weight") and self._plain("lin_edge") and self.lin_edge.bias is None:
+                weight = self.lin_edge.weight.view(H, C, -1)
+                return edge_attr @ (weight * self.att_edge.view(H, C, 1)).sum(1).t()
+            return (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)
+        raise ValueError("edge_attr was given but the layer was built without edge_dim")
+
     @torch.jit.unused
     def _fused_forward(self, x_src, x_dst, res, edge_index, edge_attr, size, return_attention_weights):
         num_src = x_src.shape[0] if size is None else size[0]
@@ -383,9 +403,7 @@ class GATConv(_GATBase):
         a_edge = None
         edge_attr = self._fused_edge_attr(adj, edge_attr)
         if edge_attr is not None and self.lin_edge is not None:
-            # The edge term through [H, edge_dim] weights: no [E, H, C] projection.
-            weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
-            a_edge = edge_attr @ (weight * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+            a_edge = self._edge_logits(edge_attr)
         x_src, a_src, a_dst, a_edge = _promoted([x_src, a_src, a_dst, a_edge])
         return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
                             return_attention_weights)
