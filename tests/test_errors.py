@@ -376,8 +376,9 @@ def _attention_args(device):
 @pytest.mark.parametrize("op", ["edge_dot", "graph_attention"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_views_made_anew_each_call_are_checked_once(device, op, count_range_checks):
-    """``edge_index[0]`` is a new tensor object on every call: its range is still learned once per
-    index (remembered on the base and the view's place in it), relearned after an in-place write."""
+    """``edge_index[0]`` is a new tensor object on every call: on CUDA its range is still learned
+    once per index (remembered on the base and the view's place in it), relearned after an
+    in-place write; the CPU remembers nothing and checks every call."""
     if op == "edge_dot" and device == "cuda":
         pytest.skip("the CUDA forward keeps its memo in the extension: test_cuda_index_views_wait_once")
     a = _good(device)
@@ -392,10 +393,11 @@ def test_views_made_anew_each_call_are_checked_once(device, op, count_range_chec
     first = call()
     for _ in range(4):
         torch.testing.assert_close(call(), first, rtol=0, atol=0)
-    assert count_range_checks == ["src_idx", "dst_idx"]
+    calls = 5 if device == "cpu" else 1
+    assert count_range_checks == ["src_idx", "dst_idx"] * calls
     edge_index[1, 2] = 0  # in range, but a write: both views' entries are stale
     call()
-    assert count_range_checks == ["src_idx", "dst_idx"] * 2
+    assert count_range_checks == ["src_idx", "dst_idx"] * (calls + 1)
     edge_index[0, 3] = NUM_SRC
     with pytest.raises(IndexError, match="src_idx"):
         call()
@@ -478,11 +480,35 @@ def test_inference_mode_indices_are_checked_every_call(device):
             _call(_with(a, src_idx=src_idx))
 
 
-def test_sortedness_is_learned_once_and_forgotten_on_change():
+@pytest.mark.parametrize("device", DEVICES)
+def test_sortedness_is_learned_in_every_backward(device):
+    """The sorted reduction on an index that is no longer sorted would give wrong gradients, so
+    sortedness is never remembered: a write that PyTorch does not see (``.data``) is seen."""
     from edgedot.ops import edge_dot as edge_dot_ops
-    from edgedot.runtime.checks import sorted_indices
-    idx = torch.arange(10)
-    assert edge_dot_ops._is_sorted(idx) is True and sorted_indices.get(idx) is True
-    idx[3] = 0
-    assert sorted_indices.get(idx) is None and edge_dot_ops._is_sorted(idx) is False
-    assert edge_dot_ops._is_sorted(torch.tensor([2, 2, 5])) is True
+    idx = torch.arange(10, device=device)
+    assert edge_dot_ops._is_sorted(idx) is True
+    idx.data[3] = 0
+    assert idx._version == 0 and edge_dot_ops._is_sorted(idx) is False
+    assert edge_dot_ops._is_sorted(torch.tensor([2, 2, 5], device=device)) is True
+
+
+@requires_cuda
+def test_cuda_sorted_index_rewritten_behind_the_version_counter():
+    """A backward large enough to take the sorted reduction where the index is sorted: the same
+    index rewritten through ``.data`` to an unsorted one between two backwards still gets the
+    reference's gradients."""
+    from edgedot.ops.edge_dot import SORT_MIN_EDGES
+    g = gen(31)
+    num_rows, num_edges = 4096, SORT_MIN_EDGES
+    src_feat = rand_feat((num_rows, 4), torch.float32, "cuda", g)
+    dst_feat = rand_feat((num_rows, 4), torch.float32, "cuda", g)
+    src_idx = rand_index(num_rows, num_edges, torch.int64, "cuda", g).sort().values
+    dst_idx = rand_index(num_rows, num_edges, torch.int64, "cuda", g)
+    grad_out = rand_feat((num_edges,), torch.float32, "cuda", g)
+    for step in range(2):
+        s = src_feat.clone().requires_grad_()
+        out = edgedot.edge_dot(s, dst_feat, src_idx, dst_idx)
+        (grad,) = torch.autograd.grad(out, s, grad_out)
+        (want,) = reference_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, torch.float64)[:1]
+        assert rel_error(grad, want) < 1e-5, step
+        src_idx.data.copy_(src_idx.flip(0))  # unsorted now; the version counter does not move

@@ -138,10 +138,16 @@ def test_adjacency_indices_and_dst_ptr(device, index_dtype):
             assert result.dst_ptr is not None and torch.equal(result.dst_ptr.long(), ptr), name
         else:
             assert result.dst_ptr is None, name
-    # A torch.sparse input is derived once: the same index tensors on the next call.
+    # A torch.sparse input is read anew on every call, also after a write that PyTorch does not see.
     adj_t = to_torch_csc_tensor(edge_index, size=(num_src, num_dst)).t()
-    first, again = _pyg.adjacency(adj_t, num_src, num_dst), _pyg.adjacency(adj_t, num_src, num_dst)
-    assert first.src is again.src and first.dst is again.dst
+    first = _pyg.adjacency(adj_t, num_src, num_dst)
+    src, dst = first.src.clone(), first.dst.clone()
+    crow = adj_t.crow_indices()
+    crow.data[1:] = crow[-1]  # every edge into node 0 now
+    adj_t.col_indices().data.copy_((src + 1) % num_src)
+    again = _pyg.adjacency(adj_t, num_src, num_dst)
+    assert torch.equal(again.src, (src + 1) % num_src) and not again.dst.any() and dst.any()
+    assert torch.equal(again.dst_ptr, crow)
     # flow="target_to_source" reads row 1 as the sources.
     flipped = _pyg.adjacency(edge_index[[1, 0]], num_src, num_dst, flow="target_to_source")
     assert torch.equal(flipped.src, edge_index[0]) and torch.equal(flipped.dst, edge_index[1])

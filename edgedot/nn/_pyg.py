@@ -9,13 +9,14 @@
   COO/CSR/CSC, ``torch_sparse.SparseTensor``) as the kernels' ``(src, dst)`` index pair, with the
   destination row pointer where the input is sorted by destination.
 * :func:`attention_weights`: what PyG returns as attention weights for that input.
+* :class:`Projections`: whether a projection may be used by its weights (fused, folded) instead
+  of being called: only a plain ``Linear`` without hooks.
 * :func:`remove_self_loops`, :func:`add_self_loops`: PyG's utilities where PyG imports, versions
   for ``[2, E]`` tensors otherwise (the GAT layers' self-loop handling).
 """
 
 import math
-import weakref
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -148,7 +149,53 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
-           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "Adjacency", "adjacency", "attention_weights", "fused_path"]
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "looped_adjacency", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights", "fused_path"]
+
+# The classes a projection may have for its weights to stand for its call.
+PLAIN_LINEAR = (torch.nn.Linear, Linear) if HAVE_PYG else (torch.nn.Linear, _GlorotLinear)
+
+
+def plain_linear(module):
+    """Whether calling ``module`` computes ``F.linear(x, module.weight, module.bias)`` and nothing
+    else: it is a ``torch.nn.Linear`` or PyG's ``Linear`` of exactly that class (not a subclass,
+    a parametrised or lazy one, or an adapter), with no forward or backward hooks of its own and
+    none registered for every module. Only then may a layer use its weights directly (one fused
+    GEMM for several projections, a projection folded into the attention vector); otherwise it
+    calls the module, as PyG's layer does, so that hooks, adapters (LoRA, PEFT) and quantised
+    swaps take effect."""
+    hooks = torch.nn.modules.module
+    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks):
+        return False
+    return (type(module) in PLAIN_LINEAR and not (module._forward_hooks or module._forward_pre_hooks
+                                                  or module._backward_hooks or module._backward_pre_hooks)
+            and not isinstance(module.weight, torch.nn.parameter.UninitializedParameter))
+
+
+class Projections(torch.nn.Module):
+    """Mixin of the layers: :meth:`_plain` tells whether a projection may be used by its weights.
+
+    TorchScript cannot look at hooks or classes at run time: there the answer is the one of the
+    moment the module was scripted (``__prepare_scriptable__``), for the projections named in
+    ``_fusable``."""
+    _fusable: Tuple[str, ...] = ()
+    _plain_when_scripted: Dict[str, bool]
+
+    def _plain(self, name: str) -> bool:
+        """Whether the projection ``name`` is :func:`plain_linear`."""
+        if torch.jit.is_scripting():
+            return self._plain_when_scripted.get(name, False)
+        return self._eager_plain(name)
+
+    @torch.jit.unused
+    def _eager_plain(self, name: str) -> bool:
+        return plain_linear(getattr(self, name))
+
+    def __prepare_scriptable__(self):
+        self._plain_when_scripted = {name: getattr(self, name) is not None and plain_linear(getattr(self, name))
+                                     for name in self._fusable}
+        return self
+
 
 def fused_path(layer):
     """Whether ``layer`` (a :data:`MessagePassing`) may run its fused kernel now: not in explain
@@ -188,13 +235,13 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
     ``num_src`` source and ``num_dst`` destination nodes.
 
     * a ``[2, E]`` integer tensor: sources in row 0 (row 1 with ``flow="target_to_source"``),
-      range-checked once per tensor (remembered until it changes);
+      range-checked (see :func:`_dense_in_range`);
     * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination;
     * a ``torch.sparse`` tensor (COO, CSR or CSC) or a ``torch_sparse.SparseTensor``: the
       *transposed* adjacency, ``[num_dst, num_src]`` (rows are destinations); a CSR layout and a
       ``SparseTensor`` give the row pointer, a coalesced COO one gets one. The index tensors of a
-      ``torch.sparse`` input are derived once per tensor, so that the kernel's own range check
-      (once per index tensor) holds across calls.
+      ``torch.sparse`` input are derived on every call (a few kernels, no wait for the device):
+      its memory may have been rewritten since the last one.
 
     Raises ``TypeError`` / ``ValueError`` naming ``edge_index`` for anything else, and for sparse
     sizes other than ``(num_dst, num_src)``.
@@ -252,18 +299,9 @@ def _check_sparse(edge_index, sizes, num_src, num_dst, flow):
                          f"{(num_dst, num_src)}: pass the transposed adjacency adj.t()")
 
 
-# torch.sparse inputs and the Adjacency derived from each (id -> (weakref, version, Adjacency)).
-_sparse_derived = {}
-
-
 def _sparse_adjacency(adj_t, num_dst):
     """The (src, dst, dst_ptr, edge_attr) of a ``torch.sparse`` ``[num_dst, num_src]`` tensor, in
-    its storage order (PyG's ``to_edge_index``), derived once per tensor object."""
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        entry = _sparse_derived.get(id(adj_t))
-        if entry is not None and entry[0]() is adj_t and entry[1] == adj_t._version:
-            return entry[2]
+    its storage order (PyG's ``to_edge_index``)."""
     layout = adj_t.layout
     if layout == torch.sparse_coo:
         indices, values = adj_t._indices(), adj_t._values()
@@ -281,12 +319,7 @@ def _sparse_adjacency(adj_t, num_dst):
         src = torch._convert_indices_from_csr_to_coo(src_ptr, dst, out_int32=dst.dtype == torch.int32)[0]
     else:
         raise ValueError(f"edge_index has an unsupported sparse layout {layout}")
-    result = Adjacency(src, dst, dst_ptr, values if values.dim() > 1 else None, False)
-    if not compiling:
-        key = id(adj_t)
-        ref = weakref.ref(adj_t, lambda _, key=key: _sparse_derived.pop(key, None))
-        _sparse_derived[key] = (ref, adj_t._version, result)
-    return result
+    return Adjacency(src, dst, dst_ptr, values if values.dim() > 1 else None, False)
 
 
 def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
@@ -294,52 +327,65 @@ def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
     return Adjacency(src, dst, dst_ptr, None, _dense_in_range(edge_index, src, dst, num_src, num_dst, flow))
 
 
-# [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
+# CUDA [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
 _dense_checked = TensorMemo()
 
 
 def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
-    """Checks a ``[2, E]`` ``edge_index`` against the node counts once per tensor (remembered
-    until it changes) and returns True, or returns False where nothing may wait (tracing,
-    CUDA-graph capture) and the kernel checks its rows itself. Its rows are new views on every
-    call, which the kernel's own memo would check (and on CUDA wait for) every time."""
+    """Checks a ``[2, E]`` ``edge_index`` against the node counts and returns True, or returns
+    False where nothing may wait (tracing, CUDA-graph capture) and the kernel checks its rows
+    itself (the CPU kernels always do).
+
+    On the CPU every call checks: its memory can be rewritten behind PyTorch's version counter (a
+    numpy buffer wrapped once with ``torch.from_numpy`` and refilled, writes through ``.data``),
+    and a pass over the indices there costs less than 1% of a layer's call. On CUDA a check
+    waits for the device, so a tensor found in range is remembered until its version counter
+    moves (:class:`edgedot.runtime.checks.TensorMemo`); a write that bypasses the counter and
+    leaves an index out of range is then not refused, and the kernels, which never read out of
+    range, give NaN rows or drop the edge instead. Its rows are new views on every call, which the
+    kernel's own memo would check (and wait for) every time."""
     if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     if edge_index.dtype not in (torch.int32, torch.int64):
         return False  # the kernel refuses it with its own error
-    known = _dense_checked.get(edge_index)
+    remember = edge_index.is_cuda
+    known = _dense_checked.get(edge_index) if remember else None
     if known is None or known[0] > num_src or known[1] > num_dst or known[2] != flow:
         src_name, dst_name = ("edge_index[0]", "edge_index[1]") if flow == "source_to_target" else \
             ("edge_index[1]", "edge_index[0]")
         check_index_range(src_name, src, num_src)
         check_index_range(dst_name, dst, num_dst)
-        _dense_checked.put(edge_index, (num_src, num_dst, flow))
+        if remember:
+            _dense_checked.put(edge_index, (num_src, num_dst, flow))
     return True
-
-
-# [2, E] edge_index tensors and their self-looped form: id -> (num_nodes, looped edge_index, kept edges).
-_looped = TensorMemo()
 
 
 def self_looped(edge_index, edge_attr, fill_value, num_nodes):
     """PyG's ``remove_self_loops`` then ``add_self_loops`` (loops of nodes ``0 .. num_nodes -
     1``, their ``edge_attr`` from ``fill_value``) of a ``[2, E]`` tensor: the same edges in the
-    same order. The index part is derived once per tensor (remembered until it changes), so that
-    a graph passed again costs no wait for the device and its looped form is the same tensor
-    (the kernel's range check of it is remembered too); only ``edge_attr`` is recomputed."""
-    compiling = torch.compiler.is_compiling()
-    fact = None if compiling else _looped.get(edge_index)
-    if fact is None or fact[0] != num_nodes:
-        kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)
-        loop = torch.arange(num_nodes, device=edge_index.device)  # int64: PyG's result is int64
-        looped = torch.cat([edge_index.index_select(1, kept), torch.stack([loop, loop])], dim=1)
-        fact = (num_nodes, looped, None if kept.shape[0] == edge_index.shape[1] else kept)
-        if not compiling:
-            _looped.put(edge_index, fact)
-    _, looped, kept = fact
+    same order. Derived anew on every call, as PyG's layers do (on CUDA the removal waits for the
+    device once): ``edge_index``'s memory may have been rewritten since the last call without
+    PyTorch seeing it."""
+    kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)
+    loop = torch.arange(num_nodes, device=edge_index.device)  # int64: PyG's result is int64
+    all_kept = kept.shape[0] == edge_index.shape[1]
+    looped = torch.cat([edge_index if all_kept else edge_index.index_select(1, kept), torch.stack([loop, loop])],
+                       dim=1)
     if edge_attr is None:
         return looped, None
-    if kept is not None:
+    if not all_kept:
         edge_attr = edge_attr.index_select(0, kept)
     loop_attr = compute_loop_attr(looped[:, :looped.shape[1] - num_nodes], edge_attr, num_nodes, False, fill_value)
     return looped, torch.cat([edge_attr, loop_attr], dim=0)
+
+
+def looped_adjacency(edge_index, edge_attr, fill_value, num_nodes, num_src, num_dst, flow="source_to_target"):
+    """:func:`self_looped` of a ``[2, E]`` tensor and the :class:`Adjacency` of the result: the
+    input is range-checked (:func:`_dense_in_range`); the looped graph, its kept edges and loops of
+    nodes below ``min(num_src, num_dst)``, is then in range by construction and not checked
+    again. Returns ``(looped edge_index, its edge_attr, Adjacency)``."""
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    checked = _dense_in_range(edge_index, src, dst, num_src, num_dst, flow)
+    looped, edge_attr = self_looped(edge_index, edge_attr, fill_value, num_nodes)
+    src, dst = (looped[0], looped[1]) if flow == "source_to_target" else (looped[1], looped[0])
+    return looped, edge_attr, Adjacency(src, dst, None, None, checked)

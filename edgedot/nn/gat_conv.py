@@ -4,7 +4,7 @@ and :func:`edgedot.gatv2_attention`."""
 
 import math
 import typing
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -13,9 +13,10 @@ from torch.nn import Parameter
 
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
-from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Size, SparseTensor,
+from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections, Size,
+                   SparseTensor,
                    add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
-                   remove_self_loops, self_looped, set_sparse_value, softmax, torch_sparse)
+                   looped_adjacency, remove_self_loops, set_sparse_value, softmax, torch_sparse)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -41,7 +42,22 @@ def _zero(param):
             param.zero_()
 
 
-class _GATBase(MessagePassing):
+def _promoted(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """``tensors`` (None stays None) in the dtype their arithmetic would promote to. Under autocast
+    the projections come out in the autocast dtype while the attention vectors stay float32, and
+    PyG's layer then computes the attention in float32 by type promotion; the fused op, which takes
+    one dtype, gets its inputs in that dtype too."""
+    dtype: Optional[torch.dtype] = None
+    for t in tensors:
+        if t is not None:
+            dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
+    out: List[Optional[Tensor]] = []
+    for t in tensors:
+        out.append(None if t is None or dtype is None else t.to(dtype))
+    return out
+
+
+class _GATBase(Projections, MessagePassing):
     """What both layers share: the attributes PyG's layers have, self-loop handling, the heads'
     concatenation or mean, the residual and the bias, and the fused path's bookkeeping."""
 
@@ -93,19 +109,27 @@ class _GATBase(MessagePassing):
         return torch_sparse.set_diag(edge_index)
 
     @torch.jit.unused
-    def _loops(self, edge_index, edge_attr, num_nodes):
-        """PyG's self-loop handling: a tensor (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``)
-        loses its self-loops and gains one per node of ``0 .. num_nodes - 1`` (``edge_attr``
-        filled with ``fill_value``); a ``SparseTensor`` gets its diagonal set (refused with
-        ``edge_dim``, as PyG refuses it)."""
-        if not self.add_self_loops:
-            return edge_index, edge_attr
-        if isinstance(edge_index, SparseTensor):
-            return self._sparse_loops(edge_index), edge_attr
+    def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
+        """The edges the fused kernel runs over, after PyG's self-loop handling: a tensor
+        (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``) loses its self-loops and gains one per
+        node of ``0 .. num_nodes - 1`` (``edge_attr`` filled with ``fill_value``); a
+        ``SparseTensor`` gets its diagonal set (refused with ``edge_dim``, as PyG refuses it).
+        Returns ``(edge_index, edge_attr, Adjacency)``: the graph PyG's attention weights are
+        returned with, its edge features, and the kernel's view of it."""
         if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
-            return self_looped(edge_index, edge_attr, self.fill_value, num_nodes)
-        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-        return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+            if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+                adjacency(edge_index, num_src, num_dst, self.flow)  # raises the error naming edge_index
+            if self.add_self_loops:
+                return looped_adjacency(edge_index, edge_attr, self.fill_value, num_nodes, num_src, num_dst,
+                                        self.flow)
+        elif self.add_self_loops:
+            if isinstance(edge_index, SparseTensor):
+                edge_index = self._sparse_loops(edge_index)
+            else:
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                                                       num_nodes=num_nodes)
+        return edge_index, edge_attr, adjacency(edge_index, num_src, num_dst, self.flow)
 
     @torch.jit.unused
     def _fused_edge_attr(self, adj, edge_attr):
@@ -127,8 +151,6 @@ class _GATBase(MessagePassing):
             else:
                 keep = dropout_keep(rng_state, num_edges, self.heads, self.dropout, alpha.device)
                 alpha = alpha * keep / (1 - self.dropout)
-        if self.add_self_loops and type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
-            edge_index = edge_index.clone()  # the looped graph is remembered for the next call: not handed out
         return attention_weights(edge_index, alpha, sparse_values=True)
 
     @torch.jit.unused
@@ -185,6 +207,14 @@ class GATConv(_GATBase):
     one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
     returns the weights too, one return type per signature).
 
+    The projections are called as modules, as in PyG's layer (hooks, adapters and swapped modules
+    take effect), except ``lin_edge`` where it is a plain bias-free ``Linear`` without hooks: its
+    weights are then folded into ``att_edge`` (no ``[E, heads, out_channels]`` projection).
+
+    Under autocast the attention is computed in the dtype PyG's layer computes it in: the
+    projections come out in the autocast dtype, the attention vectors stay float32, and type
+    promotion makes the attention and the output float32.
+
     Without PyG, self-loops of a ``torch.sparse`` adjacency and ``fill_value`` reductions other
     than ``"add"``, ``"sum"`` and ``"mean"`` raise ``ValueError``.
     """
@@ -215,6 +245,9 @@ class GATConv(_GATBase):
             self.register_parameter("att_edge", None)
         self._init_tail(in_channels, bias)
         self.reset_parameters()
+
+    # The edge term through lin_edge's weights when it is a plain Linear (_pyg.plain_linear).
+    _fusable = ("lin_edge",)
 
     def reset_parameters(self):
         """Re-initialises every parameter as PyG's layer does (same order, same draws)."""
@@ -341,6 +374,18 @@ class GATConv(_GATBase):
         """PyG's message: the source's features weighted by the edge's attention."""
         return alpha.unsqueeze(-1) * x_j
 
+    def _edge_logits(self, edge_attr: Tensor) -> Tensor:
+        """``<lin_edge(edge_attr), att_edge>`` per edge and head, ``[E, H]``: through ``[H,
+        edge_dim]`` weights, with no ``[E, H, C]`` projection, where ``lin_edge`` is a plain
+        bias-free ``Linear``; else by calling ``lin_edge``, as PyG's layer does."""
+        H, C = self.heads, self.out_channels
+        if self.lin_edge is not None and self.att_edge is not None:
+            if hasattr(self.lin_edge, "weight") and self._plain("lin_edge") and self.lin_edge.bias is None:
+                weight = self.lin_edge.weight.view(H, C, -1)
+                return edge_attr @ (weight * self.att_edge.view(H, C, 1)).sum(1).t()
+            return (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)
+        raise ValueError("edge_attr was given but the layer was built without edge_dim")
+
     @torch.jit.unused
     def _fused_forward(self, x_src, x_dst, res, edge_index, edge_attr, size, return_attention_weights):
         num_src = x_src.shape[0] if size is None else size[0]
@@ -349,8 +394,7 @@ class GATConv(_GATBase):
             raise ValueError(f"size {tuple(size)} disagrees with the node features: "
                              f"{x_src.shape[0]} sources, {num_dst} destinations")
         loops = min(num_src, num_dst) if size is None else min(size)
-        edge_index, edge_attr = self._loops(edge_index, edge_attr, loops)
-        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst)
         a_src = (x_src * self.att_src).sum(dim=-1)
         if x_dst is not None:
             a_dst = (x_dst * self.att_dst).sum(dim=-1)
@@ -359,9 +403,8 @@ class GATConv(_GATBase):
         a_edge = None
         edge_attr = self._fused_edge_attr(adj, edge_attr)
         if edge_attr is not None and self.lin_edge is not None:
-            # The edge term through [H, edge_dim] weights: no [E, H, C] projection.
-            weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
-            a_edge = edge_attr @ (weight * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+            a_edge = self._edge_logits(edge_attr)
+        x_src, a_src, a_dst, a_edge = _promoted([x_src, a_src, a_dst, a_edge])
         return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
                             return_attention_weights)
 
@@ -518,14 +561,13 @@ class GATv2Conv(_GATBase):
     @torch.jit.unused
     def _fused_forward(self, x_l, x_r, res, edge_index, edge_attr, return_attention_weights):
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
-        edge_index, edge_attr = self._loops(edge_index, edge_attr, min(num_src, num_dst))
-        adj = adjacency(edge_index, num_src, num_dst, self.flow)
+        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, min(num_src, num_dst), num_src, num_dst)
         edge_attr = self._fused_edge_attr(adj, edge_attr)
         edge_feat = None
         if edge_attr is not None:
             if self.lin_edge is None:
                 raise ValueError("edge_attr was given but the layer was built without edge_dim")
             edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        att = self.att.view(self.heads, self.out_channels)
+        x_l, x_r, att, edge_feat = _promoted([x_l, x_r, self.att.view(self.heads, self.out_channels), edge_feat])
         return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
                             return_attention_weights)

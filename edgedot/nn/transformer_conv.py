@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ops.attention import graph_attention
-from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, SparseTensor, adjacency,
-                   attention_weights, fused_path, softmax)
+from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
+                   adjacency, attention_weights, fused_path, softmax)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -22,7 +22,7 @@ else:
 # the type names (OptTensor, ...) imported here.
 
 
-class TransformerConv(MessagePassing):
+class TransformerConv(Projections, MessagePassing):
     """Drop-in for ``torch_geometric.nn.TransformerConv`` (graph transformer, Shi et al. 2021),
     its attention computed by :func:`edgedot.graph_attention`.
 
@@ -45,6 +45,10 @@ class TransformerConv(MessagePassing):
     ``plan``: an :class:`edgedot.EdgePlan` of a ``[2, E]`` graph (``EdgePlan(edge_index[0],
     edge_index[1], num_src, num_dst)``), reused across steps.
 
+    ``lin_query``, ``lin_key`` and ``lin_value`` are called as modules, as in PyG's layer, when
+    any of them has hooks (or global module hooks exist) or is not a plain ``Linear`` (an
+    adapter, a subclass); otherwise they run as one GEMM on one input tensor.
+
     The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode
     (GNNExplainer's edge masks get their gradients), with message-passing hooks (e.g.
     AttentionExplainer's), with another ``aggr`` or ``decomposed_layers > 1``. The exact path is
@@ -52,6 +56,8 @@ class TransformerConv(MessagePassing):
     Unlike PyG, the fused path raises ``ValueError`` for ``edge_attr`` without ``edge_dim``.
     """
     _alpha: OptTensor
+    # One GEMM for query, key and value when all three are plain Linear layers (_pyg.plain_linear).
+    _fusable = ("lin_query", "lin_key", "lin_value")
 
     def __init__(self, in_channels, out_channels, heads=1, concat=True, beta=False, dropout=0., edge_dim=None,
                  bias=True, root_weight=True, **kwargs):
@@ -212,7 +218,9 @@ class TransformerConv(MessagePassing):
                  ) -> Tuple[Tensor, Tensor, Tensor, OptTensor]:
         """Queries, keys, values ``[N, H, C]`` and the projected edge features."""
         heads, channels = self.heads, self.out_channels
-        if x_src is x_dst and self._fuse_qkv:
+        if x_src is x_dst and self._fuse_qkv and hasattr(self.lin_query, "weight") and hasattr(self.lin_key, "weight") \
+                and hasattr(self.lin_value, "weight") and self._plain("lin_query") and self._plain("lin_key") \
+                and self._plain("lin_value"):
             weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
             bias: OptTensor = None
             if self.lin_query.bias is not None:

@@ -7,7 +7,7 @@ from . import agnn, attention, edge_dot, gat
 # What edgedot.ops was before the ops were split by family: edge_dot's operators and eager CUDA path,
 # and the names that module imported.
 from ..runtime.build import cuda_module
-from ..runtime.checks import check_graph, check_inputs, output_shape, sorted_indices
+from ..runtime.checks import check_graph, check_inputs, output_shape
 from ..runtime.plan import check_plan_layout
 from .agnn import agnn_attention
 from .edge_dot import (REDUCTIONS, SORT_MIN_EDGES, EagerCUDAEdgeDot, edge_dot_grad_op, edge_dot_op, forward_cuda,

@@ -15,7 +15,7 @@ import torch
 
 from ..cpu import edge_dot as cpu_edge_dot
 from ..runtime.build import cuda_module
-from ..runtime.checks import check_graph, check_inputs, check_tensors, output_shape, sorted_indices
+from ..runtime.checks import check_graph, check_inputs, check_tensors, output_shape
 from ..runtime.plan import check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -197,23 +197,21 @@ def _atomics_miss_l2(row_feat):
 
 
 def _is_sorted(idx):
-    """Whether ``idx`` is non-decreasing, learned once per index tensor (a pass and a wait);
-    None while tracing or capturing a CUDA graph, where nothing may wait."""
-    known = sorted_indices.get(idx)
-    if known is not None:
-        return known
+    """Whether ``idx`` is non-decreasing (a pass and a wait, in a backward of at least
+    SORT_MIN_EDGES edges); None while tracing or capturing a CUDA graph, where nothing may wait.
+    Learned anew in every backward: the sorted reduction on an index that is no longer sorted
+    would give wrong gradients, and the index's memory may have been rewritten behind PyTorch's
+    version counter since it was last seen."""
     if type(idx) is not torch.Tensor or _is_wrapped(idx) or (idx.is_cuda and torch.cuda.is_current_stream_capturing()):
         return None
-    verdict = bool((idx[1:] >= idx[:-1]).all())
-    sorted_indices.put(idx, verdict)
-    return verdict
+    return bool((idx[1:] >= idx[:-1]).all())
 
 
 def _reduction(row_feat, row_idx, deterministic):
     """The reduction of one side without a plan:
 
-    - on large graphs, an index known to be sorted (learned once per tensor): the sorted
-      reduction over the edges as given;
+    - on large graphs, a sorted index (checked in every backward): the sorted reduction over the
+      edges as given;
     - deterministic mode, or a large graph whose gradient does not fit in L2: the edges sorted
       by row in the op, then the sorted reduction;
     - otherwise atomics over the edges as given (runs of one row summed in registers first).

@@ -108,7 +108,9 @@ class TensorMemo:
     ``.detach()``, the aliases a graph compiled by inductor passes to an op, which inductor
     writes through without counting) is never trusted on another tensor's word: it is checked
     on every call. Writes that bypass
-    PyTorch (raw pointers, DLPack producers, ``.data``) are not seen.
+    PyTorch (raw pointers, DLPack producers, ``.data``, a numpy array behind ``torch.from_numpy``)
+    are not seen: the ops remember only what may be wrong without harm (see
+    :func:`check_graph`), and only for CUDA tensors.
     """
 
     def __init__(self):
@@ -157,7 +159,7 @@ def _key_of(idx):
 
 class InRangeIndices(TensorMemo):
     """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for
-    ``edge_dot``'s CPU path and for ``graph_attention``; ``edge_dot``'s CUDA forward keeps the same
+    :func:`check_graph` (CUDA tensors only); ``edge_dot``'s CUDA forward keeps the same
     record, by the same rule, in the extension (``InRangeMemo`` in ``csrc/common/in_range_memo.h``). The
     kernels never read out of range whatever this says: an index changed behind PyTorch's back
     yields NaN, not a crash."""
@@ -181,7 +183,6 @@ class InRangeIndices(TensorMemo):
 
 
 in_range_indices = InRangeIndices()
-sorted_indices = TensorMemo()
 # A pointer found to agree with an index tensor: both hold one token, each until its tensor changes.
 _checked_pointers = TensorMemo()
 _checked_pointer_targets = TensorMemo()
@@ -196,20 +197,28 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None):
     already checked) ValueError naming it unless it is ``dst_idx``'s CSR pointer: it starts at 0,
     ends at E, never decreases, and edge i lies in the range of its destination ``dst_idx[i]``.
 
-    What is learned is remembered (:class:`TensorMemo`): a graph passed again costs nothing. The
-    rest is one fused pass read back once (:func:`graph_flags`), so a new graph costs one wait
-    for the device; only a failing graph pays for the error's details. Nothing waits while a CUDA
-    graph is captured: the kernels never read out of range anyway."""
-    if src_idx.is_cuda and torch.cuda.is_current_stream_capturing():
+    On CUDA what is learned is remembered (:class:`TensorMemo`), so a graph passed again costs
+    nothing; the rest is one fused pass read back once (:func:`graph_flags`), so a new graph
+    costs one wait for the device; only a failing graph pays for the error's details. A write
+    that bypasses the version counter (``.data``, DLPack) and leaves an index out of range or
+    the pointer wrong is then not refused: the kernels never read out of range, and give NaN
+    rows or drop the edge instead. On the CPU nothing is remembered: its memory can be rewritten
+    behind the version counter (a numpy buffer behind ``torch.from_numpy``, refilled by a data
+    loader), and a pass there costs about what a lookup saves. Nothing waits while a CUDA graph
+    is captured: the kernels never read out of range anyway."""
+    remember = src_idx.is_cuda
+    if remember and torch.cuda.is_current_stream_capturing():
         return
-    check_src = not in_range_indices.covers_rows(src_idx, num_src)
-    check_dst = not in_range_indices.covers_rows(dst_idx, num_dst)
-    check_ptr = dst_ptr is not None and not _pointer_agrees(dst_ptr, dst_idx)
+    check_src = not (remember and in_range_indices.covers_rows(src_idx, num_src))
+    check_dst = not (remember and in_range_indices.covers_rows(dst_idx, num_dst))
+    check_ptr = dst_ptr is not None and not (remember and _pointer_agrees(dst_ptr, dst_idx))
     if not (check_src or check_dst or check_ptr):
         return
     flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src, check_dst)
     if flags:
         _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr)
+    if not remember:
+        return
     if check_src:
         in_range_indices.add(src_idx, num_src)
     if check_dst:
