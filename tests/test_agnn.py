@@ -64,9 +64,28 @@ def check(x, beta, src, dst, grad=True, **kwargs):
         return out, alpha, grads
     low_grads = torch.autograd.grad(low_out, low, grad_out)
     grads64 = torch.autograd.grad(out64, leaves64, grad_out.double())
-    for name, g, lo, g64 in zip(("dx", "dbeta"), grads, low_grads, grads64):
-        assert_accurate(g, lo, g64, dtype, name, condition)
+    conditions = (condition, condition * _beta_grad_condition(x, beta, out64, alpha64, grad_out, src, dst))
+    for name, g, lo, g64, cond in zip(("dx", "dbeta"), grads, low_grads, grads64, conditions):
+        assert_accurate(g, lo, g64, dtype, name, cond)
     return out, alpha, grads
+
+
+def _beta_grad_condition(x, beta, out64, alpha64, grad_out, src, dst):
+    """The condition number of beta's gradient, a sum over the edges of ds * cos: the sum of the
+    terms' magnitudes over the magnitude of their sum (large where they cancel; when the gradient
+    is exactly zero, as on a graph of one node, only an absolute error is meaningful)."""
+    flat = x.dim() == 2
+    x64, out64, g64 = (t.detach().double() for t in (x, out64, grad_out))
+    alpha64 = alpha64.detach().double()
+    if flat:
+        x64, out64, g64, alpha64 = x64.unsqueeze(1), out64.unsqueeze(1), g64.unsqueeze(1), alpha64.unsqueeze(1)
+    src, dst = src.long(), dst.long()
+    xn = F.normalize(x64, dim=-1)
+    cos = (xn[dst] * xn[src]).sum(-1)
+    ds = alpha64 * ((g64[dst] * x64[src]).sum(-1) - (g64[dst] * out64[dst]).sum(-1))
+    terms = (ds * cos).sum(1, keepdim=True) if beta.numel() == 1 else ds * cos  # one beta: one sum
+    total = terms.sum(0).abs().clamp_min(1e-300)
+    return max(1.0, min(1e12, (terms.abs().sum(0) / total).max().item()))
 
 
 # ------------------------------------------------------------------------------ the op
