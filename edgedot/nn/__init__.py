@@ -29,6 +29,7 @@ class EdgeDot(torch.nn.Module):
         return edge_dot(src_feat, dst_feat, src_idx, dst_idx, plan=plan,
                         deterministic=self.deterministic, check_indices=self.check_indices)
 
+    @torch.jit.unused
     def extra_repr(self):
         return f"deterministic={self.deterministic}, check_indices={self.check_indices}"
 
