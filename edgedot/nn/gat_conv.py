@@ -116,9 +116,30 @@ class _GATBase(Projections, MessagePassing):
             return looped, None
         if kept is not None:
             edge_attr = edge_attr.index_select(0, kept)
-        loop_attr = compute_loop_attr(looped[:, :looped.size(1) - num_nodes], edge_attr, num_nodes, False,
-                                      self.fill_value)
+        loop_attr = self._loop_attr(looped[:, :looped.size(1) - num_nodes], edge_attr, num_nodes)
         return looped, torch.cat([edge_attr, loop_attr], dim=0)
+
+    def _tensor_loops(self, edge_index: Tensor, edge_attr: OptTensor, num_nodes: int) -> Tuple[Tensor, OptTensor]:
+        """PyG's ``remove_self_loops`` then ``add_self_loops`` of any tensor adjacency
+        (``[2, E]``, ``EdgeIndex``, ``torch.sparse``), the loops' features from :meth:`_loop_attr`."""
+        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+        if edge_attr is None or is_torch_sparse_tensor(edge_index):
+            return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+        loop_attr = self._loop_attr(edge_index, edge_attr, num_nodes)
+        edge_index, _ = add_self_loops(edge_index, None, num_nodes=num_nodes)
+        return edge_index, torch.cat([edge_attr, loop_attr], dim=0)
+
+    def _loop_attr(self, kept_index: Tensor, edge_attr: Tensor, num_nodes: int) -> Tensor:
+        """The features of the loops of nodes ``0 .. num_nodes - 1`` (PyG's ``compute_loop_attr``
+        with ``fill_value``). A reduction (``"mean"``, ``"add"``, ...) over the edges into each
+        looped node leaves out the edges into nodes past the loops, as a bipartite graph with more
+        destinations than sources has: they go to one extra row, dropped (PyG's utility indexes
+        past its rows there: an error on the CPU, a device-side assert on CUDA)."""
+        if isinstance(self.fill_value, str):
+            into = kept_index[1].clamp(max=num_nodes)
+            return compute_loop_attr(torch.stack([into, into]), edge_attr, num_nodes + 1, False,
+                                     self.fill_value)[:num_nodes]
+        return compute_loop_attr(kept_index, edge_attr, num_nodes, False, self.fill_value)
 
     @torch.jit.unused
     def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
@@ -143,9 +164,7 @@ class _GATBase(Projections, MessagePassing):
             if isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
             else:
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
         return edge_index, edge_attr, adjacency(edge_index, num_src, num_dst, self.flow)
 
     @torch.jit.unused
@@ -331,9 +350,7 @@ class GATConv(_GATBase):
                 if x_dst is not None:
                     num_nodes = min(num_nodes, x_dst.size(0))
                 num_nodes = min(size) if size is not None else num_nodes
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
 
@@ -567,9 +584,7 @@ class GATv2Conv(_GATBase):
         if self.add_self_loops:
             if isinstance(edge_index, Tensor):
                 num_nodes = min(x_l.size(0), x_r.size(0))
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
 
