@@ -375,3 +375,29 @@ def test_scripted_transformer_takes_a_sparse_adjacency():
     x = torch.randn(6, 8, generator=g)
     adj = to_torch_csc_tensor(_distinct_edges(6, 6, 15, seed=1), size=(6, 6)).t()
     torch.testing.assert_close(scripted(x, adj, None), module(x, adj, None))
+
+
+# ------------------------------------------------------------------------------ EdgeIndex claims
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("kind", list(LAYERS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_edge_index_false_sort_claim(device, kind, flow):
+    """An EdgeIndex that claims to be sorted by destination but is not is refused with an error
+    naming edge_index, on every device (the kernels would walk its pointer); a true claim gives
+    PyG's numbers."""
+    from torch_geometric import EdgeIndex
+
+    options = dict(heads=2, flow=flow, **({} if kind == "transformer" else dict(add_self_loops=False)))
+    theirs, ours = _pair(kind, 6, 4, device, **options)
+    x = rand_feat((10, 6), torch.float64, device, gen(47))
+    edge_index = _distinct_edges(10, 10, 30, seed=3).to(device)
+    dst_row, order = (1, "col") if flow == "source_to_target" else (0, "row")
+    by_dst = edge_index[:, edge_index[dst_row].argsort(stable=True)]
+    true_claim = EdgeIndex(by_dst, sparse_size=(10, 10), sort_order=order)
+    assert rel_error(ours(x, true_claim), theirs(x, by_dst)) <= TOL
+    unsorted = by_dst[:, torch.randperm(30, generator=gen(3)).to(device)]
+    false_claim = EdgeIndex(unsorted, sparse_size=(10, 10), sort_order=order)
+    with pytest.raises(ValueError, match=f"edge_index .*sort_order='{order}'"):
+        ours(x, false_claim)

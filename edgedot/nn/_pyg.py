@@ -20,7 +20,7 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from ..runtime.checks import TensorMemo, check_index_range
+from ..runtime.checks import TensorMemo, check_graph, check_index_range
 
 try:
     from torch_geometric import EdgeIndex
@@ -236,7 +236,8 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
 
     * a ``[2, E]`` integer tensor: sources in row 0 (row 1 with ``flow="target_to_source"``),
       range-checked (see :func:`dense_in_range`);
-    * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination;
+    * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination (the claim
+      checked against the edges: ``ValueError`` naming ``edge_index`` if it is false);
     * a ``torch.sparse`` tensor (COO, CSR or CSC) or a ``torch_sparse.SparseTensor``: the
       *transposed* adjacency, ``[num_dst, num_src]`` (rows are destinations); a CSR layout and a
       ``SparseTensor`` give the row pointer, a coalesced COO one gets one. The index tensors of a
@@ -274,7 +275,10 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
             dst_ptr = edge_index.get_indptr()
         elif flow == "target_to_source" and edge_index.is_sorted_by_row and num_rows is not None:
             dst_ptr = edge_index.get_indptr()
+        order = edge_index.sort_order
         edge_index = edge_index.as_tensor()
+        if dst_ptr is not None:
+            return _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order)
     return _dense(edge_index, num_src, num_dst, flow, dst_ptr)
 
 
@@ -320,6 +324,29 @@ def _sparse_adjacency(adj_t, num_dst):
     else:
         raise ValueError(f"edge_index has an unsupported sparse layout {layout}")
     return Adjacency(src, dst, dst_ptr, values if values.dim() > 1 else None, False)
+
+
+def _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order):
+    """The :class:`Adjacency` of an EdgeIndex that claims to be sorted by destination, with its
+    row pointer ``dst_ptr``: the claim is verified with the ranges (on CUDA one wait for a graph
+    not seen before, remembered as :func:`edgedot.runtime.checks.check_graph` remembers; on the
+    CPU every call), since the CUDA kernels walk the pointer as given. A false claim raises
+    ``ValueError`` naming ``edge_index``."""
+    adj = _dense(edge_index, num_src, num_dst, flow, dst_ptr)
+    if not adj.checked:
+        return adj  # nothing may wait now: the kernel checks the pointer itself
+    try:
+        check_graph(adj.src, num_src, adj.dst, num_dst, dst_ptr)
+    except ValueError as error:
+        row = 1 if flow == "source_to_target" else 0
+        falls = torch.nonzero(adj.dst[1:] < adj.dst[:-1])
+        detail = str(error)
+        if falls.numel():
+            bad = int(falls[0, 0]) + 1
+            detail = f"edge_index[{row}, {bad}] = {int(adj.dst[bad])} follows {int(adj.dst[bad - 1])}"
+        raise ValueError(f"edge_index is an EdgeIndex with sort_order={order!r}, but its edges are not sorted by "
+                         f"destination: {detail}") from None
+    return adj
 
 
 def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
