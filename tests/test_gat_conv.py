@@ -17,6 +17,8 @@ from utils import DEVICES, assert_grads_close, close_or_zero, dtype_id, gen, ran
 pytest.importorskip("torch_geometric")
 import torch_geometric.nn.conv.gat_conv as pyg_gat  # noqa: E402
 import torch_geometric.nn.conv.gatv2_conv as pyg_gatv2  # noqa: E402
+from torch import Tensor  # noqa: E402
+from torch_geometric import EdgeIndex  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
 from test_pyg_integration import (_forms, _simple_graph, check_gnn_explainer_edge_mask,  # noqa: E402
                                   check_to_hetero_matches_pyg)
@@ -535,3 +537,60 @@ def test_self_loops_follow_the_graph(kind):
         assert ei.dtype == ei_p.dtype == torch.int64 and torch.equal(ei, ei_p)
         assert rel_error(out, out_p) <= TOL and close_or_zero(alpha, alpha_p, TOL)[0]
         edge_index[1, 5:9] = edge_index[0, 5:9]  # more self-loops: a new looped graph
+
+
+def _looped_by_hand(edge_index, edge_attr, num_nodes, fill_value):
+    """Self-loops as PyG defines them, computed edge by edge: the edges that are no self-loops,
+    then a loop per node below ``num_nodes`` whose features reduce (``fill_value``) those of the
+    kept edges into that node (zeros for a node without any)."""
+    keep = edge_index[0] != edge_index[1]
+    kept, attr = edge_index[:, keep], edge_attr[keep]
+    loops = []
+    for node in range(num_nodes):
+        into = attr[kept[1] == node]
+        if into.shape[0] == 0:
+            loops.append(torch.zeros_like(attr[0]))
+        else:
+            loops.append({"add": into.sum(0), "mean": into.mean(0), "max": into.max(0).values}[fill_value])
+    loop = torch.arange(num_nodes)
+    return torch.cat([kept, torch.stack([loop, loop])], dim=1), torch.cat([attr, torch.stack(loops)])
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max"])
+@pytest.mark.parametrize("kind", LAYERS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_bipartite_loops_with_more_destinations(device, kind, fill_value):
+    """Loops of a bipartite graph with more destinations than sources: the loops' features reduce
+    only the edges into the looped nodes (PyG's own layer indexes past the loops there: an
+    error on the CPU, a device-side assert on CUDA); the fused path, PyG's exact path (taken
+    with a message hook) and the returned graph all agree with the loops computed by hand."""
+    g = gen(23)
+    num_src, num_dst = 5, 9
+    options = dict(heads=2, edge_dim=3, fill_value=fill_value)
+    _, ours = _pair(kind, (6, 7), 4, device, add_self_loops=True, **options)
+    _, reference = _pair(kind, (6, 7), 4, device, add_self_loops=False, **options)
+    x = (rand_feat((num_src, 6), torch.float64, g=g), rand_feat((num_dst, 7), torch.float64, g=g))
+    edge_index = torch.stack([rand_index(num_src, 40, torch.int64, "cpu", g), rand_index(num_dst, 40, torch.int64, "cpu", g)])
+    edge_index[:, :3] = torch.tensor([[1, 2, 4], [1, 2, 8]])  # two self-loops, an edge into a node past the loops
+    edge_attr = rand_feat((40, 3), torch.float64, g=g)
+    looped, looped_attr = _looped_by_hand(edge_index, edge_attr, num_src, fill_value)
+    x = tuple(t.to(device) for t in x)
+    edge_index, edge_attr, looped, looped_attr = (t.to(device) for t in (edge_index, edge_attr, looped, looped_attr))
+    expected = reference(x, looped, looped_attr)
+    for adj in (edge_index, EdgeIndex(edge_index, sparse_size=(num_src, num_dst))):
+        out, (ei, _) = ours(x, adj, edge_attr, return_attention_weights=True)
+        assert torch.equal(ei.as_subclass(torch.Tensor), looped)
+        assert rel_error(out, expected) <= TOL, f"{type(adj).__name__}: {rel_error(out, expected):.2e}"
+        handle = ours.register_message_forward_hook(lambda module, inputs, output: None)  # PyG's exact path
+        assert rel_error(ours(x, adj, edge_attr), expected) <= TOL, type(adj).__name__
+        handle.remove()
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ours
+
+        def forward(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+            return self.conv((x_src, x_dst), edge_index, edge_attr)
+
+    assert rel_error(torch.jit.script(Holder())(*x, edge_index, edge_attr), expected) <= TOL

@@ -20,7 +20,7 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from ..runtime.checks import TensorMemo, check_index_range
+from ..runtime.checks import TensorMemo, check_graph, check_index_range
 
 try:
     from torch_geometric import EdgeIndex
@@ -149,7 +149,7 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
-           "remove_self_loops", "add_self_loops", "compute_loop_attr", "self_looped", "looped_adjacency", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights", "fused_path"]
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "loops_of", "dense_in_range", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights", "fused_path"]
 
 # The classes a projection may have for its weights to stand for its call.
 PLAIN_LINEAR = (torch.nn.Linear, Linear) if HAVE_PYG else (torch.nn.Linear, _GlorotLinear)
@@ -235,8 +235,9 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
     ``num_src`` source and ``num_dst`` destination nodes.
 
     * a ``[2, E]`` integer tensor: sources in row 0 (row 1 with ``flow="target_to_source"``),
-      range-checked (see :func:`_dense_in_range`);
-    * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination;
+      range-checked (see :func:`dense_in_range`);
+    * a PyG ``EdgeIndex``: the same, with its row pointer when sorted by destination (the claim
+      checked against the edges: ``ValueError`` naming ``edge_index`` if it is false);
     * a ``torch.sparse`` tensor (COO, CSR or CSC) or a ``torch_sparse.SparseTensor``: the
       *transposed* adjacency, ``[num_dst, num_src]`` (rows are destinations); a CSR layout and a
       ``SparseTensor`` give the row pointer, a coalesced COO one gets one. The index tensors of a
@@ -274,7 +275,10 @@ def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
             dst_ptr = edge_index.get_indptr()
         elif flow == "target_to_source" and edge_index.is_sorted_by_row and num_rows is not None:
             dst_ptr = edge_index.get_indptr()
+        order = edge_index.sort_order
         edge_index = edge_index.as_tensor()
+        if dst_ptr is not None:
+            return _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order)
     return _dense(edge_index, num_src, num_dst, flow, dst_ptr)
 
 
@@ -322,16 +326,39 @@ def _sparse_adjacency(adj_t, num_dst):
     return Adjacency(src, dst, dst_ptr, values if values.dim() > 1 else None, False)
 
 
+def _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order):
+    """The :class:`Adjacency` of an EdgeIndex that claims to be sorted by destination, with its
+    row pointer ``dst_ptr``: the claim is verified with the ranges (on CUDA one wait for a graph
+    not seen before, remembered as :func:`edgedot.runtime.checks.check_graph` remembers; on the
+    CPU every call), since the CUDA kernels walk the pointer as given. A false claim raises
+    ``ValueError`` naming ``edge_index``."""
+    adj = _dense(edge_index, num_src, num_dst, flow, dst_ptr)
+    if not adj.checked:
+        return adj  # nothing may wait now: the kernel checks the pointer itself
+    try:
+        check_graph(adj.src, num_src, adj.dst, num_dst, dst_ptr)
+    except ValueError as error:
+        row = 1 if flow == "source_to_target" else 0
+        falls = torch.nonzero(adj.dst[1:] < adj.dst[:-1])
+        detail = str(error)
+        if falls.numel():
+            bad = int(falls[0, 0]) + 1
+            detail = f"edge_index[{row}, {bad}] = {int(adj.dst[bad])} follows {int(adj.dst[bad - 1])}"
+        raise ValueError(f"edge_index is an EdgeIndex with sort_order={order!r}, but its edges are not sorted by "
+                         f"destination: {detail}") from None
+    return adj
+
+
 def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
     src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
-    return Adjacency(src, dst, dst_ptr, None, _dense_in_range(edge_index, src, dst, num_src, num_dst, flow))
+    return Adjacency(src, dst, dst_ptr, None, dense_in_range(edge_index, num_src, num_dst, flow))
 
 
 # CUDA [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
 _dense_checked = TensorMemo()
 
 
-def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
+def dense_in_range(edge_index, num_src, num_dst, flow="source_to_target"):
     """Checks a ``[2, E]`` ``edge_index`` against the node counts and returns True, or returns
     False where nothing may wait (tracing, CUDA-graph capture) and the kernel checks its rows
     itself (the CPU kernels always do).
@@ -351,41 +378,23 @@ def _dense_in_range(edge_index, src, dst, num_src, num_dst, flow):
     remember = edge_index.is_cuda
     known = _dense_checked.get(edge_index) if remember else None
     if known is None or known[0] > num_src or known[1] > num_dst or known[2] != flow:
-        src_name, dst_name = ("edge_index[0]", "edge_index[1]") if flow == "source_to_target" else \
-            ("edge_index[1]", "edge_index[0]")
-        check_index_range(src_name, src, num_src)
-        check_index_range(dst_name, dst, num_dst)
+        row_src, row_dst = (0, 1) if flow == "source_to_target" else (1, 0)
+        check_index_range(f"edge_index[{row_src}]", edge_index[row_src], num_src)
+        check_index_range(f"edge_index[{row_dst}]", edge_index[row_dst], num_dst)
         if remember:
             _dense_checked.put(edge_index, (num_src, num_dst, flow))
     return True
 
 
-def self_looped(edge_index, edge_attr, fill_value, num_nodes):
-    """PyG's ``remove_self_loops`` then ``add_self_loops`` (loops of nodes ``0 .. num_nodes -
-    1``, their ``edge_attr`` from ``fill_value``) of a ``[2, E]`` tensor: the same edges in the
-    same order. Derived anew on every call, as PyG's layers do (on CUDA the removal waits for the
-    device once): ``edge_index``'s memory may have been rewritten since the last call without
-    PyTorch seeing it."""
+def loops_of(edge_index: torch.Tensor, num_nodes: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """PyG's ``remove_self_loops`` then ``add_self_loops`` (loops of nodes ``0 .. num_nodes - 1``)
+    of a ``[2, E]`` tensor, the same edges in the same order: ``(looped edge_index, kept)``,
+    ``kept`` the positions of the edges that stay (None when all do). Derived anew on every
+    call, as PyG's layers do (on CUDA the removal waits for the device once): the graph's memory
+    may have been rewritten since the last call without PyTorch seeing it. Scriptable."""
     kept = (edge_index[0] != edge_index[1]).nonzero().squeeze(1)
     loop = torch.arange(num_nodes, device=edge_index.device)  # int64: PyG's result is int64
-    all_kept = kept.shape[0] == edge_index.shape[1]
-    looped = torch.cat([edge_index if all_kept else edge_index.index_select(1, kept), torch.stack([loop, loop])],
-                       dim=1)
-    if edge_attr is None:
-        return looped, None
-    if not all_kept:
-        edge_attr = edge_attr.index_select(0, kept)
-    loop_attr = compute_loop_attr(looped[:, :looped.shape[1] - num_nodes], edge_attr, num_nodes, False, fill_value)
-    return looped, torch.cat([edge_attr, loop_attr], dim=0)
-
-
-def looped_adjacency(edge_index, edge_attr, fill_value, num_nodes, num_src, num_dst, flow="source_to_target"):
-    """:func:`self_looped` of a ``[2, E]`` tensor and the :class:`Adjacency` of the result: the
-    input is range-checked (:func:`_dense_in_range`); the looped graph, its kept edges and loops of
-    nodes below ``min(num_src, num_dst)``, is then in range by construction and not checked
-    again. Returns ``(looped edge_index, its edge_attr, Adjacency)``."""
-    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
-    checked = _dense_in_range(edge_index, src, dst, num_src, num_dst, flow)
-    looped, edge_attr = self_looped(edge_index, edge_attr, fill_value, num_nodes)
-    src, dst = (looped[0], looped[1]) if flow == "source_to_target" else (looped[1], looped[0])
-    return looped, edge_attr, Adjacency(src, dst, None, None, checked)
+    loops = torch.stack([loop, loop])
+    if kept.size(0) == edge_index.size(1):
+        return torch.cat([edge_index, loops], dim=1), None
+    return torch.cat([edge_index.index_select(1, kept), loops], dim=1), kept

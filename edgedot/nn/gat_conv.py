@@ -13,10 +13,10 @@ from torch.nn import Parameter
 
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
-from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections, Size,
-                   SparseTensor,
-                   add_self_loops, adjacency, attention_weights, fused_path, is_torch_sparse_tensor,
-                   looped_adjacency, remove_self_loops, set_sparse_value, softmax, torch_sparse)
+from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
+                   Size, SparseTensor, add_self_loops, adjacency, attention_weights, compute_loop_attr,
+                   dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
+                   set_sparse_value, softmax, torch_sparse)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -42,19 +42,16 @@ def _zero(param):
             param.zero_()
 
 
-def _promoted(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
-    """``tensors`` (None stays None) in the dtype their arithmetic would promote to. Under autocast
-    the projections come out in the autocast dtype while the attention vectors stay float32, and
-    PyG's layer then computes the attention in float32 by type promotion; the fused op, which takes
-    one dtype, gets its inputs in that dtype too."""
-    dtype: Optional[torch.dtype] = None
-    for t in tensors:
+def _promoted_dtype(first: Tensor, others: List[Optional[Tensor]]) -> torch.dtype:
+    """The dtype the arithmetic of ``first`` and ``others`` (None skipped) promotes to. Under
+    autocast the projections come out in the autocast dtype while the attention vectors stay
+    float32, and PyG's layer then computes the attention in float32 by type promotion; the fused
+    op, which takes one dtype, gets its inputs in that dtype too."""
+    dtype = first.dtype
+    for t in others:
         if t is not None:
-            dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
-    out: List[Optional[Tensor]] = []
-    for t in tensors:
-        out.append(None if t is None or dtype is None else t.to(dtype))
-    return out
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
 
 
 class _GATBase(Projections, MessagePassing):
@@ -73,6 +70,8 @@ class _GATBase(Projections, MessagePassing):
         self.edge_dim = edge_dim
         self.fill_value = fill_value
         self.residual = residual
+        # Whether the aggregation is the kernel's sum (what TorchScript may fuse).
+        self._sum_aggr = self.aggr in ("add", "sum")
 
     def _init_tail(self, in_channels, bias):
         """``res`` and ``bias``, created after the attention parameters as in PyG's layers."""
@@ -108,6 +107,40 @@ class _GATBase(Projections, MessagePassing):
                                       "(as in PyG)")
         return torch_sparse.set_diag(edge_index)
 
+    def _self_looped(self, edge_index: Tensor, edge_attr: OptTensor, num_nodes: int) -> Tuple[Tensor, OptTensor]:
+        """PyG's ``remove_self_loops`` then ``add_self_loops`` of a ``[2, E]`` tensor (loops of
+        nodes ``0 .. num_nodes - 1``, their ``edge_attr`` from ``fill_value``): the same edges in
+        the same order, derived anew on every call."""
+        looped, kept = loops_of(edge_index, num_nodes)
+        if edge_attr is None:
+            return looped, None
+        if kept is not None:
+            edge_attr = edge_attr.index_select(0, kept)
+        loop_attr = self._loop_attr(looped[:, :looped.size(1) - num_nodes], edge_attr, num_nodes)
+        return looped, torch.cat([edge_attr, loop_attr], dim=0)
+
+    def _tensor_loops(self, edge_index: Tensor, edge_attr: OptTensor, num_nodes: int) -> Tuple[Tensor, OptTensor]:
+        """PyG's ``remove_self_loops`` then ``add_self_loops`` of any tensor adjacency
+        (``[2, E]``, ``EdgeIndex``, ``torch.sparse``), the loops' features from :meth:`_loop_attr`."""
+        edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+        if edge_attr is None or is_torch_sparse_tensor(edge_index):
+            return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+        loop_attr = self._loop_attr(edge_index, edge_attr, num_nodes)
+        edge_index, _ = add_self_loops(edge_index, None, num_nodes=num_nodes)
+        return edge_index, torch.cat([edge_attr, loop_attr], dim=0)
+
+    def _loop_attr(self, kept_index: Tensor, edge_attr: Tensor, num_nodes: int) -> Tensor:
+        """The features of the loops of nodes ``0 .. num_nodes - 1`` (PyG's ``compute_loop_attr``
+        with ``fill_value``). A reduction (``"mean"``, ``"add"``, ...) over the edges into each
+        looped node leaves out the edges into nodes past the loops, as a bipartite graph with more
+        destinations than sources has: they go to one extra row, dropped (PyG's utility indexes
+        past its rows there: an error on the CPU, a device-side assert on CUDA)."""
+        if isinstance(self.fill_value, str):
+            into = kept_index[1].clamp(max=num_nodes)
+            return compute_loop_attr(torch.stack([into, into]), edge_attr, num_nodes + 1, False,
+                                     self.fill_value)[:num_nodes]
+        return compute_loop_attr(kept_index, edge_attr, num_nodes, False, self.fill_value)
+
     @torch.jit.unused
     def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
         """The edges the fused kernel runs over, after PyG's self-loop handling: a tensor
@@ -120,15 +153,18 @@ class _GATBase(Projections, MessagePassing):
             if edge_index.dim() != 2 or edge_index.shape[0] != 2:
                 adjacency(edge_index, num_src, num_dst, self.flow)  # raises the error naming edge_index
             if self.add_self_loops:
-                return looped_adjacency(edge_index, edge_attr, self.fill_value, num_nodes, num_src, num_dst,
-                                        self.flow)
+                # The input range-checked; the looped graph then is in range by construction (its
+                # loops are of nodes below min(num_src, num_dst)).
+                checked = dense_in_range(edge_index, num_src, num_dst, self.flow)
+                edge_index, edge_attr = self._self_looped(edge_index, edge_attr, num_nodes)
+                src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
+                    (edge_index[1], edge_index[0])
+                return edge_index, edge_attr, Adjacency(src, dst, None, None, checked)
         elif self.add_self_loops:
             if isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
             else:
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
         return edge_index, edge_attr, adjacency(edge_index, num_src, num_dst, self.flow)
 
     @torch.jit.unused
@@ -200,12 +236,14 @@ class GATConv(_GATBase):
     differentiable. Dropout on the attention applies in training mode only, with the mask of
     :func:`edgedot.ops.attention.dropout_keep`.
 
-    The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode,
-    with message-passing hooks, with another ``aggr`` or ``decomposed_layers > 1``, and for a
-    pair ``(x_src, None)`` without ``size``. The exact path is PyG's ``edge_updater`` and
+    The fused kernel runs unless PyG's exact path is needed: in explain mode, with
+    message-passing hooks, with another ``aggr`` or ``decomposed_layers > 1``, and for a pair
+    ``(x_src, None)`` without ``size``. The exact path is PyG's ``edge_updater`` and
     ``propagate``; there ``alpha`` is differentiable. Unlike PyG's layer, a module holding this
-    one compiles with ``torch.jit.script`` (the exact path; there ``return_attention_weights=False``
-    returns the weights too, one return type per signature).
+    one compiles with ``torch.jit.script``; there ``return_attention_weights=False`` returns the
+    weights too (one return type per signature), and on a ``[2, E]`` ``edge_index`` the scripted
+    module runs the op the eager one runs (the same numbers, bit for bit); sparse adjacencies,
+    and the weights after dropout in training, take the exact path.
 
     The projections are called as modules, as in PyG's layer (hooks, adapters and swapped modules
     take effect), except ``lin_edge`` where it is a plain bias-free ``Linear`` without hooks: its
@@ -288,6 +326,19 @@ class GATConv(_GATBase):
             if fused_path(self) and (x_dst is not None or size is not None):
                 return self._fused_forward(x_src, x_dst, res, edge_index, edge_attr, size,
                                            return_attention_weights)
+        # TorchScript: the fused op too on a [2, E] tensor, so that a scripted module gives the
+        # eager module's numbers (hooks and explain mode do not exist there); PyG's path where
+        # the weights after dropout are wanted.
+        if torch.jit.is_scripting() and isinstance(edge_index, Tensor) and self._sum_aggr:
+            want_alpha = isinstance(return_attention_weights, bool)
+            if self._decomposed_layers == 1 and not is_torch_sparse_tensor(edge_index) \
+                    and (x_dst is not None or size is not None) and not (want_alpha and self.training
+                                                                        and self.dropout > 0):
+                out, looped, alpha = self._scripted_attention(x_src, x_dst, res, edge_index, edge_attr, size,
+                                                              want_alpha)
+                if isinstance(return_attention_weights, bool):
+                    return out, (looped, alpha)
+                return out
 
         # PyG's exact path.
         a_src = (x_src * self.att_src).sum(dim=-1)
@@ -299,9 +350,7 @@ class GATConv(_GATBase):
                 if x_dst is not None:
                     num_nodes = min(num_nodes, x_dst.size(0))
                 num_nodes = min(size) if size is not None else num_nodes
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
 
@@ -374,6 +423,49 @@ class GATConv(_GATBase):
         """PyG's message: the source's features weighted by the edge's attention."""
         return alpha.unsqueeze(-1) * x_j
 
+    def _attention_inputs(self, x_src: Tensor, x_dst: OptTensor, edge_attr: OptTensor, num_dst: int
+                          ) -> Tuple[Tensor, Tensor, Tensor, OptTensor]:
+        """The fused op's ``(x, a_src, a_dst, a_edge)`` in one dtype (eager and TorchScript
+        compute them alike): per-node logits (zeros for absent destination features), the edge
+        term where ``edge_attr`` is given and the layer has ``edge_dim``."""
+        a_src = (x_src * self.att_src).sum(dim=-1)
+        if x_dst is not None:
+            a_dst = (x_dst * self.att_dst).sum(dim=-1)
+        else:
+            a_dst = x_src.new_zeros(num_dst, self.heads)
+        a_edge: OptTensor = None
+        if edge_attr is not None and self.lin_edge is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            a_edge = self._edge_logits(edge_attr)
+        dtype = _promoted_dtype(x_src, [a_src, a_dst, a_edge])
+        if a_edge is not None:
+            a_edge = a_edge.to(dtype)
+        return x_src.to(dtype), a_src.to(dtype), a_dst.to(dtype), a_edge
+
+    def _scripted_attention(self, x_src: Tensor, x_dst: OptTensor, res: OptTensor, edge_index: Tensor,
+                            edge_attr: OptTensor, size: Size, want_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        """The fused path under TorchScript, on a ``[2, E]`` ``edge_index``: ``(out, the graph
+        after the self-loop handling, alpha)`` (``alpha`` empty unless ``want_alpha``)."""
+        num_src = x_src.size(0)
+        if x_dst is not None:
+            num_dst = x_dst.size(0)
+        else:
+            assert size is not None
+            num_dst = size[1]
+        if size is not None and (size[0] != num_src or size[1] != num_dst):
+            raise ValueError("size disagrees with the node features")
+        if self.add_self_loops:
+            edge_index, edge_attr = self._self_looped(edge_index, edge_attr, min(num_src, num_dst))
+        x, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, edge_attr, num_dst)
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
+            (edge_index[1], edge_index[0])
+        dropout_p = self.dropout if self.training else 0.0
+        out, _, alpha, _ = torch.ops.edgedot.gat_attention(
+            x, a_src, a_dst, a_edge, src, dst, None, None, None, None, float(self.negative_slope), float(dropout_p),
+            None, want_alpha, True)
+        return self._finish(out, res), edge_index, alpha
+
     def _edge_logits(self, edge_attr: Tensor) -> Tensor:
         """``<lin_edge(edge_attr), att_edge>`` per edge and head, ``[E, H]``: through ``[H,
         edge_dim]`` weights, with no ``[E, H, C]`` projection, where ``lin_edge`` is a plain
@@ -395,16 +487,8 @@ class GATConv(_GATBase):
                              f"{x_src.shape[0]} sources, {num_dst} destinations")
         loops = min(num_src, num_dst) if size is None else min(size)
         edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst)
-        a_src = (x_src * self.att_src).sum(dim=-1)
-        if x_dst is not None:
-            a_dst = (x_dst * self.att_dst).sum(dim=-1)
-        else:
-            a_dst = x_src.new_zeros(num_dst, self.heads)
-        a_edge = None
-        edge_attr = self._fused_edge_attr(adj, edge_attr)
-        if edge_attr is not None and self.lin_edge is not None:
-            a_edge = self._edge_logits(edge_attr)
-        x_src, a_src, a_dst, a_edge = _promoted([x_src, a_src, a_dst, a_edge])
+        x_src, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, self._fused_edge_attr(adj, edge_attr),
+                                                             num_dst)
         return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
                             return_attention_weights)
 
@@ -486,14 +570,21 @@ class GATv2Conv(_GATBase):
         if not torch.jit.is_scripting():
             if fused_path(self):
                 return self._fused_forward(x_l, x_r, res, edge_index, edge_attr, return_attention_weights)
+        # TorchScript: the fused op too on a [2, E] tensor (see GATConv.forward).
+        if torch.jit.is_scripting() and isinstance(edge_index, Tensor) and self._sum_aggr:
+            want_alpha = isinstance(return_attention_weights, bool)
+            if self._decomposed_layers == 1 and not is_torch_sparse_tensor(edge_index) \
+                    and not (want_alpha and self.training and self.dropout > 0):
+                out, looped, alpha = self._scripted_attention(x_l, x_r, res, edge_index, edge_attr, want_alpha)
+                if isinstance(return_attention_weights, bool):
+                    return out, (looped, alpha)
+                return out
 
         # PyG's exact path.
         if self.add_self_loops:
             if isinstance(edge_index, Tensor):
                 num_nodes = min(x_l.size(0), x_r.size(0))
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                                                       num_nodes=num_nodes)
+                edge_index, edge_attr = self._tensor_loops(edge_index, edge_attr, num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 edge_index = self._sparse_loops(edge_index)
 
@@ -558,16 +649,42 @@ class GATv2Conv(_GATBase):
         """PyG's message: the source's features weighted by the edge's attention."""
         return x_j * alpha.unsqueeze(-1)
 
+    def _attention_inputs(self, x_l: Tensor, x_r: Tensor, edge_attr: OptTensor
+                          ) -> Tuple[Tensor, Tensor, Tensor, OptTensor]:
+        """The fused op's ``(x_src, x_dst, att, edge_feat)`` in one dtype (eager and TorchScript
+        compute them alike); ``edge_feat`` is ``lin_edge(edge_attr)`` where ``edge_attr`` is given."""
+        edge_feat: OptTensor = None
+        if edge_attr is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            if self.lin_edge is not None:
+                edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
+            else:
+                raise ValueError("edge_attr was given but the layer was built without edge_dim")
+        att = self.att.view(self.heads, self.out_channels)
+        dtype = _promoted_dtype(x_l, [x_r, att, edge_feat])
+        if edge_feat is not None:
+            edge_feat = edge_feat.to(dtype)
+        return x_l.to(dtype), x_r.to(dtype), att.to(dtype), edge_feat
+
+    def _scripted_attention(self, x_l: Tensor, x_r: Tensor, res: OptTensor, edge_index: Tensor, edge_attr: OptTensor,
+                            want_alpha: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        """The fused path under TorchScript (see :meth:`GATConv._scripted_attention`)."""
+        if self.add_self_loops:
+            edge_index, edge_attr = self._self_looped(edge_index, edge_attr, min(x_l.size(0), x_r.size(0)))
+        x_src, x_dst, att, edge_feat = self._attention_inputs(x_l, x_r, edge_attr)
+        src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
+            (edge_index[1], edge_index[0])
+        dropout_p = self.dropout if self.training else 0.0
+        out, _, alpha, _ = torch.ops.edgedot.gatv2_attention(
+            x_src, x_dst, att, edge_feat, src, dst, None, None, None, None, float(self.negative_slope),
+            float(dropout_p), None, want_alpha, True)
+        return self._finish(out, res), edge_index, alpha
+
     @torch.jit.unused
     def _fused_forward(self, x_l, x_r, res, edge_index, edge_attr, return_attention_weights):
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
         edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, min(num_src, num_dst), num_src, num_dst)
-        edge_attr = self._fused_edge_attr(adj, edge_attr)
-        edge_feat = None
-        if edge_attr is not None:
-            if self.lin_edge is None:
-                raise ValueError("edge_attr was given but the layer was built without edge_dim")
-            edge_feat = self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
-        x_l, x_r, att, edge_feat = _promoted([x_l, x_r, self.att.view(self.heads, self.out_channels), edge_feat])
+        x_l, x_r, att, edge_feat = self._attention_inputs(x_l, x_r, self._fused_edge_attr(adj, edge_attr))
         return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
                             return_attention_weights)

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..ops.attention import graph_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
-                   adjacency, attention_weights, fused_path, softmax)
+                   adjacency, attention_weights, fused_path, is_torch_sparse_tensor, softmax)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -49,7 +49,8 @@ class TransformerConv(Projections, MessagePassing):
     any of them has hooks (or global module hooks exist) or is not a plain ``Linear`` (an
     adapter, a subclass); otherwise they run as one GEMM on one input tensor.
 
-    The fused kernel runs unless PyG's exact path is needed: under TorchScript, in explain mode
+    The fused kernel runs unless PyG's exact path is needed: under TorchScript on a sparse
+    adjacency (a ``[2, E]`` one runs the eager module's op, bit for bit), in explain mode
     (GNNExplainer's edge masks get their gradients), with message-passing hooks (e.g.
     AttentionExplainer's), with another ``aggr`` or ``decomposed_layers > 1``. The exact path is
     PyG's ``propagate`` and ``message``; there ``alpha`` is differentiable and ``plan`` unused.
@@ -125,7 +126,7 @@ class TransformerConv(Projections, MessagePassing):
         # TorchScript: the fused kernel too on a [2, E] tensor, so that a scripted module gives
         # the eager module's numbers (hooks and explain mode do not exist there).
         if torch.jit.is_scripting() and isinstance(edge_index, Tensor) and self._sum_aggr:
-            if not edge_index.is_sparse and self._decomposed_layers == 1:
+            if not is_torch_sparse_tensor(edge_index) and self._decomposed_layers == 1:
                 out, alpha = self._scripted_attention(x[0], x[1], edge_index, edge_attr,
                                                       isinstance(return_attention_weights, bool))
                 if isinstance(return_attention_weights, bool):
