@@ -60,7 +60,7 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         src_plan = dst_plan = None
     else:
         check_tensors(src_feat, dst_feat, src_idx, dst_idx)
-        plan.check_matches(src_feat, dst_feat, src_idx)
+        plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
     if eager_cuda:
