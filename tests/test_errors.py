@@ -512,3 +512,59 @@ def test_cuda_sorted_index_rewritten_behind_the_version_counter():
         (want,) = reference_grads(src_feat, dst_feat, src_idx, dst_idx, grad_out, torch.float64)[:1]
         assert rel_error(grad, want) < 1e-5, step
         src_idx.data.copy_(src_idx.flip(0))  # unsorted now; the version counter does not move
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["nograd", "grad"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_flags_and_plan_of_the_wrong_type(device, grad):
+    """``deterministic`` (a bool or None), ``check_indices`` (a bool) and ``plan`` (an EdgePlan or
+    None) of another type raise TypeError naming the argument, on every path of every op."""
+    a = _good(device)
+    a["src_feat"].requires_grad_(grad)
+    bad = [("deterministic", "yes"), ("deterministic", 1), ("check_indices", "yes"), ("check_indices", None),
+           ("check_indices", 1), ("plan", "yes")]
+    for name, value in bad:
+        with pytest.raises(TypeError, match=name):
+            _call(a, **{name: value})
+    g = gen(8)
+    q, k, v = (rand_feat((n, 2, DIM), torch.float32, device, g, requires_grad=grad) for n in (NUM_DST, NUM_SRC, NUM_SRC))
+    a_src, a_dst = rand_feat((NUM_SRC, 2), torch.float32, device, g), rand_feat((NUM_DST, 2), torch.float32, device, g)
+    att = rand_feat((2, DIM), torch.float32, device, g)
+    src_idx, dst_idx = a["src_idx"], a["dst_idx"]
+    ops = {"graph_attention": lambda **kw: edgedot.graph_attention(q, k, v, src_idx, dst_idx, **kw),
+           "gat_attention": lambda **kw: edgedot.gat_attention(k, a_src, a_dst, src_idx, dst_idx, **kw),
+           "gatv2_attention": lambda **kw: edgedot.gatv2_attention(k, q, att, src_idx, dst_idx, **kw)}
+    for op, call in ops.items():
+        for name, value in bad[2:] + [("return_attention", "yes")] + bad[:2] * (op == "graph_attention"):
+            with pytest.raises(TypeError, match=name):
+                call(**{name: value})
+        if op != "graph_attention":
+            with pytest.raises(TypeError, match="deterministic"):
+                call(deterministic=True)
+
+
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "noloops"])
+@pytest.mark.parametrize("kind", ["transformer", "gat", "gatv2"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_layer_edge_attr_of_the_wrong_length(device, kind, loops):
+    """An ``edge_attr`` with more or fewer rows than ``edge_index`` has edges raises ValueError
+    naming ``edge_attr``, on the fused path and on PyG's exact path (taken with a message hook)."""
+    pytest.importorskip("torch_geometric")
+    import edgedot.nn
+
+    cls = {"transformer": edgedot.nn.TransformerConv, "gat": edgedot.nn.GATConv, "gatv2": edgedot.nn.GATv2Conv}[kind]
+    options = {} if kind == "transformer" else dict(add_self_loops=loops, fill_value="mean")
+    layer = cls(6, 4, heads=2, edge_dim=3, **options).to(device)
+    g = gen(9)
+    x = rand_feat((NUM_SRC, 6), torch.float32, device, g)
+    edge_index = torch.stack([rand_index(NUM_SRC, NUM_EDGES, torch.int64, device, g),
+                              rand_index(NUM_SRC, NUM_EDGES, torch.int64, device, g)])
+    for rows in (NUM_EDGES - 1, NUM_EDGES + 3):
+        edge_attr = rand_feat((rows, 3), torch.float32, device, g)
+        with pytest.raises(ValueError, match="edge_attr"):
+            layer(x, edge_index, edge_attr)
+        handle = layer.register_message_forward_hook(lambda module, inputs, output: None)
+        with pytest.raises(ValueError, match="edge_attr"):
+            layer(x, edge_index, edge_attr)
+        handle.remove()
+    layer(x, edge_index, rand_feat((NUM_EDGES, 3), torch.float32, device, g))  # the right length runs

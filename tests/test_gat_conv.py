@@ -542,14 +542,16 @@ def test_self_loops_follow_the_graph(kind):
 def _looped_by_hand(edge_index, edge_attr, num_nodes, fill_value):
     """Self-loops as PyG defines them, computed edge by edge: the edges that are no self-loops,
     then a loop per node below ``num_nodes`` whose features reduce (``fill_value``) those of the
-    kept edges into that node (zeros for a node without any)."""
+    kept edges into that node (zeros for a node without any), or a number `fill_value`."""
     keep = edge_index[0] != edge_index[1]
     kept, attr = edge_index[:, keep], edge_attr[keep]
     loops = []
     for node in range(num_nodes):
         into = attr[kept[1] == node]
-        if into.shape[0] == 0:
+        if into.shape[0] == 0 and isinstance(fill_value, str):
             loops.append(torch.zeros_like(attr[0]))
+        elif not isinstance(fill_value, str):
+            loops.append(torch.full_like(attr[0], fill_value))
         else:
             loops.append({"add": into.sum(0), "mean": into.mean(0), "max": into.max(0).values}[fill_value])
     loop = torch.arange(num_nodes)
@@ -594,3 +596,21 @@ def test_bipartite_loops_with_more_destinations(device, kind, fill_value):
             return self.conv((x_src, x_dst), edge_index, edge_attr)
 
     assert rel_error(torch.jit.script(Holder())(*x, edge_index, edge_attr), expected) <= TOL
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", 0.5])
+def test_self_looped_function(fill_value):
+    """``_pyg.self_looped``, the eager self-loop handling other layers share, gives the loops
+    computed by hand, with more destinations than loops too, and follows an in-place change."""
+    from edgedot.nn import _pyg
+
+    g = gen(24)
+    edge_index = torch.stack([rand_index(5, 30, g=g), rand_index(9, 30, g=g)])
+    edge_index[:, :2] = torch.tensor([[1, 4], [1, 8]])
+    edge_attr = rand_feat((30, 3), torch.float64, g=g)
+    for _ in range(2):
+        looped, attr = _pyg.self_looped(edge_index, edge_attr, fill_value, 5)
+        want, want_attr = _looped_by_hand(edge_index, edge_attr, 5, fill_value)
+        assert torch.equal(looped, want) and torch.allclose(attr, want_attr, rtol=1e-12, atol=0)
+        edge_index.data[1, 2:6] = edge_index[0, 2:6]  # more self-loops, behind the version counter
+    assert _pyg.self_looped(edge_index, None, fill_value, 5)[1] is None

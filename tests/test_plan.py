@@ -6,7 +6,7 @@ import torch
 
 import edgedot
 import edgedot.runtime.plan
-from utils import (CHUNK_EDGES, gen, rand_feat, rand_index, reference_grads, rel_error, requires_cuda,
+from utils import (CHUNK_EDGES, DEVICES, gen, rand_feat, rand_index, reference_grads, rel_error, requires_cuda,
                    skewed_index)
 
 
@@ -185,3 +185,84 @@ def test_cuda_plan_moved_from_cpu_is_usable():
     edgedot.edge_dot(src, dst, s.cuda(), d.cuda(), plan=plan).sum().backward()
     rs, rd = reference_grads(src, dst, s.cuda(), d.cuda(), torch.ones(2000, device="cuda"), torch.float64)
     assert rel_error(src.grad, rs) < 1e-5 and rel_error(dst.grad, rd) < 1e-5
+
+
+def _calls_with_plan(device, num_src, num_dst, g):
+    """``name -> call(src_idx, dst_idx, plan)`` for every op that takes a plan, on features of
+    ``num_src`` source and ``num_dst`` destination rows."""
+    src2, dst2 = rand_feat((num_src, 8), torch.float64, device, g), rand_feat((num_dst, 8), torch.float64, device, g)
+    q, k, v = (rand_feat((n, 2, 8), torch.float64, device, g) for n in (num_dst, num_src, num_src))
+    a_src, a_dst = rand_feat((num_src, 2), torch.float64, device, g), rand_feat((num_dst, 2), torch.float64, device, g)
+    att = rand_feat((2, 8), torch.float64, device, g)
+    return {
+        "edge_dot": lambda s, d, plan: edgedot.edge_dot(src2, dst2, s, d, plan=plan),
+        "graph_attention": lambda s, d, plan: edgedot.graph_attention(q, k, v, s, d, plan=plan),
+        "gat_attention": lambda s, d, plan: edgedot.gat_attention(k, a_src, a_dst, s, d, plan=plan),
+        "gatv2_attention": lambda s, d, plan: edgedot.gatv2_attention(k, q, att, s, d, plan=plan),
+    }
+
+
+@pytest.mark.parametrize("op", ["edge_dot", "graph_attention", "gat_attention", "gatv2_attention"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_of_another_graph_of_the_same_size_is_refused(device, op):
+    """A plan is matched to the graph, not only to its sizes: another graph with as many edges
+    and nodes raises ValueError naming plan; the plan's own graph, in the tensors it was built
+    from or in copies (another dtype too), is accepted and gives the plan-free result."""
+    g = gen(4)
+    num_src, num_dst = 10, 7
+    src_idx, dst_idx = rand_index(num_src, 50, g=g).to(device), rand_index(num_dst, 50, g=g).to(device)
+    plan = edgedot.EdgePlan(src_idx, dst_idx, num_src, num_dst)
+    call = _calls_with_plan(device, num_src, num_dst, g)[op]
+    expected = call(src_idx, dst_idx, None)
+    for s, d in ((src_idx, dst_idx), (src_idx.clone(), dst_idx.int()), (src_idx, dst_idx)):
+        torch.testing.assert_close(call(s, d, plan), expected, rtol=1e-12, atol=1e-12)
+    for s, d in ((src_idx.roll(1), dst_idx), (src_idx, dst_idx.flip(0)), (src_idx.roll(1), dst_idx.roll(1))):
+        with pytest.raises(ValueError, match="plan .*graph"):
+            call(s, d, plan)
+
+
+def test_plan_of_a_buffer_refilled_behind_the_version_counter():
+    """On the CPU the plan is checked against the indices' content on every call: a numpy buffer
+    refilled with another graph (no version bump) is refused."""
+    np = pytest.importorskip("numpy")
+    g = gen(5)
+    buffer = np.stack([rand_index(10, 50, g=g).numpy(), rand_index(7, 50, g=g).numpy()])
+    edge_index = torch.from_numpy(buffer)
+    plan = edgedot.EdgePlan(edge_index[0], edge_index[1], 10, 7)
+    call = _calls_with_plan("cpu", 10, 7, g)["graph_attention"]
+    call(edge_index[0], edge_index[1], plan)
+    buffer[0] = np.roll(buffer[0], 1)
+    with pytest.raises(ValueError, match="plan .*graph"):
+        call(edge_index[0], edge_index[1], plan)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_transformer_conv_plan_of_another_graph(device):
+    pytest.importorskip("torch_geometric")
+    import edgedot.nn
+
+    g = gen(6)
+    layer = edgedot.nn.TransformerConv(6, 4, heads=2).to(device, torch.float64)
+    x = rand_feat((10, 6), torch.float64, device, g)
+    edge_index = torch.stack([rand_index(10, 40, g=g), rand_index(10, 40, g=g)]).to(device)
+    plan = edgedot.EdgePlan(edge_index[0], edge_index[1], 10, 10)
+    torch.testing.assert_close(layer(x, edge_index, plan=plan), layer(x, edge_index), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="plan .*graph"):
+        layer(x, edge_index.roll(1, dims=1), plan=plan)
+
+
+def test_plan_copies_and_one_tensor_for_both_sides():
+    """A plan pickles and deep-copies (the copy checks its indices once); one tensor passed as
+    both sides is the plan's graph."""
+    import copy
+    import pickle
+
+    g = gen(7)
+    idx = rand_index(6, 30, g=g)
+    plan = edgedot.EdgePlan(idx, idx, 6, 6)
+    call = _calls_with_plan("cpu", 6, 6, g)["edge_dot"]
+    expected = call(idx, idx, None)
+    for p in (plan, copy.deepcopy(plan), pickle.loads(pickle.dumps(plan))):
+        torch.testing.assert_close(call(idx, idx, p), expected, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="plan .*graph"):
+            call(idx, idx.roll(1), p)

@@ -149,7 +149,9 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
-           "remove_self_loops", "add_self_loops", "compute_loop_attr", "loops_of", "dense_in_range", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights", "fused_path"]
+           "remove_self_loops", "add_self_loops", "compute_loop_attr", "loops_of", "self_looped", "loop_attr",
+           "dense_in_range", "Adjacency", "Projections", "plain_linear", "adjacency", "attention_weights",
+           "check_edge_attr", "fused_path"]
 
 # The classes a projection may have for its weights to stand for its call.
 PLAIN_LINEAR = (torch.nn.Linear, Linear) if HAVE_PYG else (torch.nn.Linear, _GlorotLinear)
@@ -195,6 +197,30 @@ class Projections(torch.nn.Module):
         self._plain_when_scripted = {name: getattr(self, name) is not None and plain_linear(getattr(self, name))
                                      for name in self._fusable}
         return self
+
+
+def check_edge_attr(edge_index, edge_attr):
+    """Raises ``ValueError`` naming ``edge_attr`` unless it has one row per edge of ``edge_index``
+    (a ``[2, E]`` tensor, an ``EdgeIndex``, a ``torch.sparse`` adjacency or a ``SparseTensor``),
+    ``TypeError`` unless it is a tensor or None. A malformed ``edge_index`` is left to
+    :func:`adjacency`, whose error names it."""
+    if edge_attr is None:
+        return
+    if not isinstance(edge_attr, torch.Tensor):
+        raise TypeError(f"edge_attr must be a tensor or None, got {type(edge_attr).__name__}")
+    if isinstance(edge_index, SparseTensor):
+        num_edges = edge_index.nnz()
+    elif not isinstance(edge_index, torch.Tensor):
+        return
+    elif edge_index.layout != torch.strided:
+        num_edges = edge_index._nnz()
+    elif edge_index.dim() == 2 and edge_index.shape[0] == 2:
+        num_edges = edge_index.shape[1]
+    else:
+        return
+    if edge_attr.dim() == 0 or edge_attr.shape[0] != num_edges:
+        raise ValueError(f"edge_attr must have one row per edge of edge_index ({num_edges}), got shape "
+                         f"{tuple(edge_attr.shape)}")
 
 
 def fused_path(layer):
@@ -398,3 +424,29 @@ def loops_of(edge_index: torch.Tensor, num_nodes: int) -> Tuple[torch.Tensor, Op
     if kept.size(0) == edge_index.size(1):
         return torch.cat([edge_index, loops], dim=1), None
     return torch.cat([edge_index.index_select(1, kept), loops], dim=1), kept
+
+
+def self_looped(edge_index, edge_attr, fill_value, num_nodes):
+    """:func:`loops_of` a ``[2, E]`` tensor with its ``edge_attr``: ``(looped edge_index, looped
+    edge_attr)``, the loops' features from ``fill_value`` (:func:`loop_attr`). Derived anew on
+    every call."""
+    looped, kept = loops_of(edge_index, num_nodes)
+    if edge_attr is None:
+        return looped, None
+    if kept is not None:
+        edge_attr = edge_attr.index_select(0, kept)
+    return looped, torch.cat([edge_attr, loop_attr(looped[:, :looped.shape[1] - num_nodes], edge_attr, fill_value,
+                                                   num_nodes)])
+
+
+def loop_attr(kept_index, edge_attr, fill_value, num_nodes):
+    """The features of the loops of nodes ``0 .. num_nodes - 1`` (PyG's ``compute_loop_attr``).
+    A reduction (``"mean"``, ``"add"``, ...) over the edges into each looped node leaves out the
+    edges into nodes past the loops, as a bipartite graph with more destinations than sources
+    has: they go to one extra row, dropped (PyG's utility indexes past its rows there: an error
+    on the CPU, a device-side assert on CUDA). The GAT layers' ``_loop_attr`` is the scriptable
+    twin."""
+    if isinstance(fill_value, str):
+        into = kept_index[1].clamp(max=num_nodes)
+        return compute_loop_attr(torch.stack([into, into]), edge_attr, num_nodes + 1, False, fill_value)[:num_nodes]
+    return compute_loop_attr(kept_index, edge_attr, num_nodes, False, fill_value)

@@ -14,7 +14,7 @@ from torch.nn import Parameter
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
-                   Size, SparseTensor, add_self_loops, adjacency, attention_weights, compute_loop_attr,
+                   Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
                    dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
                    set_sparse_value, softmax, torch_sparse)
 
@@ -130,11 +130,9 @@ class _GATBase(Projections, MessagePassing):
         return edge_index, torch.cat([edge_attr, loop_attr], dim=0)
 
     def _loop_attr(self, kept_index: Tensor, edge_attr: Tensor, num_nodes: int) -> Tensor:
-        """The features of the loops of nodes ``0 .. num_nodes - 1`` (PyG's ``compute_loop_attr``
-        with ``fill_value``). A reduction (``"mean"``, ``"add"``, ...) over the edges into each
-        looped node leaves out the edges into nodes past the loops, as a bipartite graph with more
-        destinations than sources has: they go to one extra row, dropped (PyG's utility indexes
-        past its rows there: an error on the CPU, a device-side assert on CUDA)."""
+        """:func:`edgedot.nn._pyg.loop_attr` with ``fill_value``, scriptable (TorchScript picks
+        ``compute_loop_attr``'s overload from the attribute's type): a reduction leaves out the
+        edges into nodes past the loops."""
         if isinstance(self.fill_value, str):
             into = kept_index[1].clamp(max=num_nodes)
             return compute_loop_attr(torch.stack([into, into]), edge_attr, num_nodes + 1, False,
@@ -321,6 +319,8 @@ class GATConv(_GATBase):
         """The layer's output (see the class); with ``return_attention_weights`` true, also the
         attention weights."""
         H, C = self.heads, self.out_channels
+        if not torch.jit.is_scripting():
+            check_edge_attr(edge_index, edge_attr)
         x_src, x_dst, res = self._project(x)
         if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
             if fused_path(self) and (x_dst is not None or size is not None):
@@ -566,6 +566,8 @@ class GATv2Conv(_GATBase):
         """The layer's output (see the class); with ``return_attention_weights`` true, also the
         attention weights."""
         H, C = self.heads, self.out_channels
+        if not torch.jit.is_scripting():
+            check_edge_attr(edge_index, edge_attr)
         x_l, x_r, res = self._project(x)
         if not torch.jit.is_scripting():
             if fused_path(self):

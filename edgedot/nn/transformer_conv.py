@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..ops.attention import graph_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
-                   adjacency, attention_weights, fused_path, is_torch_sparse_tensor, softmax)
+                   adjacency, attention_weights, check_edge_attr, fused_path, is_torch_sparse_tensor, softmax)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -119,6 +119,7 @@ class TransformerConv(Projections, MessagePassing):
         """The layer's output (see the class); ``(out, attention weights)`` when
         ``return_attention_weights`` is a bool."""
         if not torch.jit.is_scripting():  # (TorchScript compiles the whole condition of an if)
+            check_edge_attr(edge_index, edge_attr)
             if fused_path(self):
                 return self._fused_forward(x, edge_index, edge_attr, return_attention_weights, plan)
         if isinstance(x, Tensor):

@@ -164,7 +164,7 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     ``dst_ptr`` (checked here against the graph) or built on CUDA; ``src_feat`` / ``dst_feat``
     have one row per source / destination node."""
     if plan is not None:
-        plan.check_matches(src_feat, dst_feat, src_idx)
+        plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
     num_dst, is_cuda = dst_feat.shape[0], dst_feat.is_cuda
     if dst_ptr is not None:
         if plan is not None:

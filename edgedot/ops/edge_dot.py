@@ -16,7 +16,7 @@ import torch
 from ..cpu import edge_dot as cpu_edge_dot
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_graph, check_inputs, check_tensors, output_shape
-from ..runtime.plan import check_plan_layout
+from ..runtime.plan import EdgePlan, check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -50,6 +50,7 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         ``[E]`` if both feature tensors are 2-D, else ``[E, H]``, in the features' dtype.
         Differentiable with respect to both feature tensors.
     """
+    _check_options(plan, deterministic, check_indices)
     eager_cuda = _eager_cuda(src_feat, dst_feat, src_idx, dst_idx)
     if eager_cuda and plan is None and not (torch.is_grad_enabled()
                                             and (src_feat.requires_grad or dst_feat.requires_grad)):
@@ -60,7 +61,7 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         src_plan = dst_plan = None
     else:
         check_tensors(src_feat, dst_feat, src_idx, dst_idx)
-        plan.check_matches(src_feat, dst_feat, src_idx)
+        plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
     if eager_cuda:
@@ -69,6 +70,17 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     return edge_dot_op(*args)
+
+
+def _check_options(plan, deterministic, check_indices):
+    """TypeError naming the keyword argument of :func:`edge_dot` that has the wrong type (before
+    the dispatcher or the extension refuses it in its own words)."""
+    if plan is not None and not isinstance(plan, EdgePlan):
+        raise TypeError(f"plan must be an edgedot.EdgePlan or None, got {type(plan).__name__}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool or None, got {type(deterministic).__name__}")
+    if not isinstance(check_indices, bool):
+        raise TypeError(f"check_indices must be a bool, got {type(check_indices).__name__}")
 
 
 def _eager_cuda(src_feat, dst_feat, src_idx, dst_idx):

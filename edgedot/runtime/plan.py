@@ -12,7 +12,7 @@ also works inside ``torch.compile``; it costs 16 bytes per edge and side, never 
 
 import torch
 
-from .checks import check_index_range, check_indices_pair
+from .checks import TensorMemo, check_index_range, check_indices_pair
 
 __all__ = ["EdgePlan", "build_side", "group_offsets", "MAX_ROWS"]
 
@@ -62,6 +62,15 @@ def check_plan_layout(packed, num_edges, device):
         raise ValueError(f"plan is on {packed.device} but the features are on {device}")
 
 
+def _known_graph(src_idx, dst_idx):
+    """A memo of the index tensors a plan is known to hold (see :meth:`EdgePlan.check_matches`):
+    the sides (``"src"``, ``"dst"``; both for one tensor passed as both) each one holds."""
+    known = TensorMemo()
+    known.put(src_idx, frozenset({"src"}))
+    known.put(dst_idx, (known.get(dst_idx) or frozenset()) | {"dst"})
+    return known
+
+
 class EdgePlan:
     """Row groupings of a static graph, built once and reused by every backward pass.
 
@@ -75,6 +84,17 @@ class EdgePlan:
 
     Raises IndexError if an index lies outside its range, and ValueError for more than
     MAX_ROWS rows on a side.
+
+    A call that takes the plan raises ``ValueError`` naming ``plan`` unless it is given the
+    plan's graph (:meth:`check_matches`): the same sizes and device, and the same edges in the
+    same order. The index tensors the plan was built from (or views of them, such as
+    ``edge_index[0]`` made anew each call) pass without a look at their content while PyTorch's
+    version counter says they are unchanged, on CUDA; other tensors, and every call on the CPU,
+    are compared with the plan's graph (one pass over the edges; on CUDA one wait for the
+    device, after which the new tensors are known too). On CUDA, a write that bypasses the
+    version counter (``.data``, DLPack) is not seen: rebuild the plan after one. Under
+    ``torch.compile`` only the sizes are checked; during CUDA-graph capture, tensors other than
+    the known ones are refused (nothing may wait there).
     """
 
     def __init__(self, src_idx, dst_idx, num_src, num_dst):
@@ -88,6 +108,7 @@ class EdgePlan:
         self.src = build_side(src_idx, dst_idx, self.num_src, self.num_dst)
         self.dst = build_side(dst_idx, src_idx, self.num_dst, self.num_src)
         self._offsets = {}
+        self._known = _known_graph(src_idx, dst_idx)
 
     def offsets(self, side):
         """``group_offsets`` of the ``"src"`` or ``"dst"`` grouping, computed on first use and kept."""
@@ -99,8 +120,9 @@ class EdgePlan:
             offsets = self._offsets[side] = group_offsets(packed, num_rows)
         return offsets
 
-    def check_matches(self, src_feat, dst_feat, src_idx):
-        """Raises ValueError unless the plan was built for a graph of these sizes and device."""
+    def check_matches(self, src_feat, dst_feat, src_idx, dst_idx):
+        """Raises ValueError unless the plan was built for this graph: these sizes and device,
+        and ``src_idx``, ``dst_idx`` holding the plan's edges in its order (see the class)."""
         got = (src_idx.shape[0], src_feat.shape[0], dst_feat.shape[0])
         want = (self.num_edges, self.num_src, self.num_dst)
         if got != want:
@@ -108,6 +130,40 @@ class EdgePlan:
                 f"plan was built for (E, num_src, num_dst)={want}, but the inputs have {got}")
         if src_idx.device != self.device:
             raise ValueError(f"plan is on {self.device} but src_idx is on {src_idx.device}")
+        if torch.compiler.is_compiling():
+            return
+        remember = src_idx.is_cuda
+        if remember and "src" in (self._known.get(src_idx) or ()) and "dst" in (self._known.get(dst_idx) or ()):
+            return
+        if remember and torch.cuda.is_current_stream_capturing():
+            raise ValueError("plan cannot be checked against index tensors other than those it was built from "
+                             "during CUDA-graph capture (nothing may wait there): pass those, or rebuild the plan")
+        if not self._holds(src_idx, dst_idx):
+            raise ValueError("plan was built for another graph: src_idx and dst_idx hold other edges (or the same "
+                             "edges in another order) than the plan; build an EdgePlan of this graph")
+        if remember:
+            self._known = _known_graph(src_idx, dst_idx)
+
+    def _holds(self, src_idx, dst_idx):
+        """Whether ``src_idx``, ``dst_idx`` are the plan's graph: its grouping by destination
+        lists every edge (a permutation) with both its rows, so it spells the graph out (one
+        pass; a wait on CUDA)."""
+        if dst_idx.device != self.device:
+            return False
+        num_edges = self.num_edges
+        order, row_other = self.dst[:num_edges], self.dst[num_edges:]
+        same = (dst_idx.index_select(0, order).long() == row_other >> 32) & \
+            (src_idx.index_select(0, order).long() == row_other & 0xFFFFFFFF)
+        return bool(same.all())
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_known"] = None  # weak references: a copy checks its indices once
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._known = TensorMemo()
 
     def to(self, device):
         """A copy of the plan on ``device``."""
@@ -117,6 +173,7 @@ class EdgePlan:
         plan.dst = self.dst.to(device)
         plan._offsets = {side: offsets.to(device) for side, offsets in self._offsets.items()}
         plan.device = plan.src.device  # "cuda" resolved to the current device's index
+        plan._known = TensorMemo()  # the indices on the new device are checked once
         return plan
 
     def __repr__(self):
