@@ -7,7 +7,8 @@ import torch
 
 from ..ops.edge_dot import edge_dot
 from .agnn_conv import AGNNConv
-from .gat_conv import GATConv, GATv2Conv
+from .gat_conv import GATConv
+from .gatv2_conv import GATv2Conv
 from .transformer_conv import TransformerConv
 
 __all__ = ["AGNNConv", "EdgeDot", "GATConv", "GATv2Conv", "InnerProductDecoder", "TransformerConv"]

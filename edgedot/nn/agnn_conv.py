@@ -107,7 +107,7 @@ class AGNNConv(MessagePassing):
             if isinstance(edge_index, SparseTensor):
                 edge_index = torch_sparse.set_diag(edge_index)
             elif type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
-                edge_index = self_looped(edge_index, None, None, num_nodes)[0]  # remembered per graph
+                edge_index = self_looped(edge_index, None, None, num_nodes)[0]
             else:  # EdgeIndex, torch.sparse: PyG's utilities
                 edge_index, _ = remove_self_loops(edge_index)
                 edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
