@@ -527,7 +527,8 @@ def test_flags_and_plan_of_the_wrong_type(device, grad):
         with pytest.raises(TypeError, match=name):
             _call(a, **{name: value})
     g = gen(8)
-    q, k, v = (rand_feat((n, 2, DIM), torch.float32, device, g, requires_grad=grad) for n in (NUM_DST, NUM_SRC, NUM_SRC))
+    q, k, v = (rand_feat((n, 2, DIM), torch.float32, device, g, requires_grad=grad)
+               for n in (NUM_DST, NUM_SRC, NUM_SRC))
     a_src, a_dst = rand_feat((NUM_SRC, 2), torch.float32, device, g), rand_feat((NUM_DST, 2), torch.float32, device, g)
     att = rand_feat((2, DIM), torch.float32, device, g)
     src_idx, dst_idx = a["src_idx"], a["dst_idx"]

@@ -572,7 +572,7 @@ def test_bipartite_loops_with_more_destinations(device, kind, fill_value):
     _, ours = _pair(kind, (6, 7), 4, device, add_self_loops=True, **options)
     _, reference = _pair(kind, (6, 7), 4, device, add_self_loops=False, **options)
     x = (rand_feat((num_src, 6), torch.float64, g=g), rand_feat((num_dst, 7), torch.float64, g=g))
-    edge_index = torch.stack([rand_index(num_src, 40, torch.int64, "cpu", g), rand_index(num_dst, 40, torch.int64, "cpu", g)])
+    edge_index = torch.stack([rand_index(num_src, 40, g=g), rand_index(num_dst, 40, g=g)])
     edge_index[:, :3] = torch.tensor([[1, 2, 4], [1, 2, 8]])  # two self-loops, an edge into a node past the loops
     edge_attr = rand_feat((40, 3), torch.float64, g=g)
     looped, looped_attr = _looped_by_hand(edge_index, edge_attr, num_src, fill_value)

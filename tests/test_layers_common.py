@@ -204,7 +204,8 @@ def _scaled_input(module, inputs):
 def _subclassed(module):
     """The module turned into a subclass of its class whose forward scales and shifts."""
     cls = type(module)
-    module.__class__ = type(f"Shifted{cls.__name__}", (cls,), {"forward": lambda self, x: cls.forward(self, x) * 1.5 + 0.5})
+    module.__class__ = type(f"Shifted{cls.__name__}", (cls,),
+                            {"forward": lambda self, x: cls.forward(self, x) * 1.5 + 0.5})
     return module
 
 
