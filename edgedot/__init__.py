@@ -17,11 +17,12 @@ from .ops.edge_dot import edge_dot
 from .ops.gat import gat_attention, gatv2_attention
 from .reference import (agnn_attention_reference, edge_dot_reference, gat_attention_reference,
                         gatv2_attention_reference, graph_attention_reference)
+from .runtime.checks import wait_for_checks
 from .runtime.grouped import index_to_ptr
 from .runtime.plan import EdgePlan
 
 __all__ = ["edge_dot", "graph_attention", "gat_attention", "gatv2_attention", "agnn_attention", "index_to_ptr",
-           "EdgePlan", "edge_dot_reference", "graph_attention_reference", "gat_attention_reference",
+           "EdgePlan", "wait_for_checks", "edge_dot_reference", "graph_attention_reference", "gat_attention_reference",
            "gatv2_attention_reference", "agnn_attention_reference", "nn", "ops"]
 __version__ = "0.1.0"
 

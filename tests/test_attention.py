@@ -9,7 +9,7 @@ from edgedot.cpu import attention as cpu_attention
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
-                   rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+                   raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -583,14 +583,14 @@ def test_out_of_range_index(device, name, value):
     q.requires_grad_()
     bad = {"src_idx": src.clone(), "dst_idx": dst.clone()}
     bad[name][7] = value
-    with pytest.raises(IndexError, match=name):
+    with raises_checked(IndexError, match=name):
         edgedot.graph_attention(q, k, v, bad["src_idx"], bad["dst_idx"])
     assert q.grad is None
     # Still usable, and the same index tensor fixed in place is checked again.
     bad[name][7] = 0
     check_attention(q.detach(), k, v, bad["src_idx"], bad["dst_idx"])
     bad[name][7] = value
-    with pytest.raises(IndexError, match=name):
+    with raises_checked(IndexError, match=name):
         edgedot.graph_attention(q, k, v, bad["src_idx"], bad["dst_idx"])
 
 
@@ -598,7 +598,7 @@ def test_cpu_checks_indices_even_without_check():
     q, k, v, src, dst, _ = make_inputs()
     src = src.clone()
     src[0] = 1000
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         edgedot.graph_attention(q, k, v, src, dst, check_indices=False)
 
 

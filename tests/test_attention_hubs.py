@@ -11,7 +11,7 @@ import edgedot
 from edgedot.ops import attention as attention_ops
 from edgedot.runtime import checks
 from test_attention_cuda import full_check, grouping, inputs, run
-from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, rand_feat, requires_cuda
+from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, raises_checked, rand_feat, requires_cuda
 
 
 def sorted_graph(num_src, num_dst, num_edges, device, g, index_dtype=torch.int64, hub=None, hub_edges=0):
@@ -116,25 +116,25 @@ def test_dst_ptr_errors(device):
         call(ptr[None])
     bad = ptr.clone()
     bad[-1] -= 1  # ends before E: the last edge would be dropped
-    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+    with raises_checked(ValueError, match="dst_ptr must rise from 0"):
         call(bad)
     bad = ptr.clone()
     bad[0] = 1
-    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+    with raises_checked(ValueError, match="dst_ptr must rise from 0"):
         call(bad)
     bad = ptr.clone()
     bad[4] = int(ptr[5]) + 1  # then decreases
-    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+    with raises_checked(ValueError, match="dst_ptr must rise from 0"):
         call(bad)
     shuffled = dst[torch.randperm(60, generator=g).to(device)]  # not sorted: disagrees with ptr
-    with pytest.raises(ValueError, match="dst_ptr disagrees with dst_idx"):
+    with raises_checked(ValueError, match="dst_ptr disagrees with dst_idx"):
         call(ptr, shuffled)
     plan = edgedot.EdgePlan(src, dst, 20, 10)
     with pytest.raises(ValueError, match="plan or dst_ptr"):
         call(ptr, plan=plan)
     # The CPU checks whatever check_indices says.
     if device == "cpu":
-        with pytest.raises(ValueError, match="dst_ptr disagrees"):
+        with raises_checked(ValueError, match="dst_ptr disagrees"):
             call(ptr, shuffled, check_indices=False)
 
 
@@ -144,8 +144,8 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     then remembered until either changes; the CPU, which remembers nothing, checks every call."""
     q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
     calls = []
-    real = checks.graph_flags
-    monkeypatch.setattr(checks, "graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = checks.launch_graph_flags
+    monkeypatch.setattr(checks, "launch_graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for _ in range(3):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     checked = 3 if device == "cpu" else 1
@@ -154,7 +154,7 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     assert len(calls) == checked + 1
     dst[-1] = 0  # now disagrees
-    with pytest.raises(ValueError, match="dst_ptr disagrees"):
+    with raises_checked(ValueError, match="dst_ptr disagrees"):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
 
 

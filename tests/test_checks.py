@@ -8,7 +8,7 @@ import edgedot
 from edgedot.runtime import checks
 from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
                                     SRC_OUT_OF_RANGE, TensorMemo)
-from utils import DEVICES, gen, rand_feat, requires_cuda
+from utils import DEVICES, gen, raises_checked, rand_feat, requires_cuda
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8
 
@@ -18,13 +18,13 @@ def waits(monkeypatch):
     """One entry per fused check (on CUDA, one wait for the device each): (check_src, check_dst,
     with dst_ptr)."""
     calls = []
-    real = checks.graph_flags
+    real = checks.launch_graph_flags
 
     def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.append((check_src, check_dst, dst_ptr is not None))
         return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    monkeypatch.setattr(checks, "graph_flags", counted)
+    monkeypatch.setattr(checks, "launch_graph_flags", counted)
     return calls
 
 
@@ -189,7 +189,7 @@ def test_views_and_pointer_checked_once(device, waits):
     if device == "cpu":
         assert waits == [(True, True, True)] * 4
         ei.data[1, 0] = NUM_DST - 1  # out of order, behind the version counter: seen
-        with pytest.raises(ValueError, match="dst_ptr disagrees"):
+        with raises_checked(ValueError, match="dst_ptr disagrees"):
             edgedot.graph_attention(q, k, v, ei[0], ei[1], dst_ptr=ptr)
         return
     assert waits == [(True, True, True)]
@@ -208,17 +208,17 @@ def test_check_graph_errors_name_the_argument(device):
     ptr = edgedot.index_to_ptr(ei[1], NUM_DST)
     bad = ei.clone()
     bad[0, 4] = NUM_SRC + 2
-    with pytest.raises(IndexError, match=f"src_idx holds {NUM_SRC + 2}, outside"):
+    with raises_checked(IndexError, match=f"src_idx holds {NUM_SRC + 2}, outside"):
         edgedot.graph_attention(q, k, v, bad[0], bad[1], dst_ptr=ptr)
     bad = ei.clone()
     bad[1, 4] = -3
-    with pytest.raises(IndexError, match="dst_idx holds -3, outside"):
+    with raises_checked(IndexError, match="dst_idx holds -3, outside"):
         edgedot.graph_attention(q, k, v, bad[0], bad[1])
-    with pytest.raises(ValueError, match="dst_ptr disagrees with dst_idx: edge 4 has destination -3"):
+    with raises_checked(ValueError, match="dst_ptr disagrees with dst_idx: edge 4 has destination -3"):
         edgedot.graph_attention(q, k, v, bad[0], bad[1], dst_ptr=ptr)
     wrong = ptr.clone()
     wrong[1] = int(ptr[2]) + 1
-    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+    with raises_checked(ValueError, match="dst_ptr must rise from 0"):
         edgedot.graph_attention(q, k, v, ei[0], ei[1], dst_ptr=wrong)
 
 
@@ -244,7 +244,7 @@ def test_compiled_calls_on_views_check_once_aot_eager(device, waits):
     fn(q, k, v, ei)
     assert waits == [(True, True, False)] * (4 if device == "cpu" else 1)
     ei[0, 3] = NUM_SRC
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         fn(q, k, v, ei)
 
 
@@ -263,7 +263,7 @@ def test_inductor_aliases_are_checked_and_writes_inside_the_graph_caught():
 
     fn = torch.compile(step, backend="inductor", fullgraph=True)
     fn(q, k, v, ei)  # max source index now NUM_SRC - 1
-    with pytest.raises(IndexError, match=f"src_idx holds {NUM_SRC}"):
+    with raises_checked(IndexError, match=f"src_idx holds {NUM_SRC}"):
         fn(q, k, v, ei)
 
 

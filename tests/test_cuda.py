@@ -5,8 +5,8 @@ import torch
 
 import edgedot
 from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
-                   rand_feat, rand_index, reference, reference64, reference_grads, rel_error, requires_cuda,
-                   skewed_index)
+                   raises_checked, rand_feat, rand_index, reference, reference64, reference_grads, rel_error,
+                   requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -54,7 +54,7 @@ def test_graph_capture_forward(heads, check_indices):
     # Outside capture the checks are back.
     bad = src_idx.clone()
     bad[0] = src.shape[0]
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         edgedot.edge_dot(src, dst, bad, dst_idx)
     torch.cuda.synchronize()
 
@@ -133,7 +133,7 @@ def test_cuda_index_views_wait_once():
     edge_index[1, 0] = 0
     assert call_waits()[1], "a write to edge_index must bring the check back"
     edge_index[0, 1] = src.shape[0]
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         call_waits()
 
 
@@ -553,7 +553,7 @@ def test_shuffled_graph_larger_than_l2_out_of_range_edges(index_dtype):
     bad_src = src_idx.clone()
     bad_src[7::2026] = -1
     bad_src[1020::2026] = big
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         edgedot.edge_dot(src, dst, bad_src, dst_idx)
     fill_cuda_cache_with_nan()
     out = edgedot.edge_dot(src, dst, bad_src, dst_idx, check_indices=False)

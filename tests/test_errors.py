@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import (DEVICES, assert_accurate, check_forward, gen, rand_feat, rand_index, reference,
+from utils import (DEVICES, assert_accurate, raises_checked, check_forward, gen, rand_feat, rand_index, reference,
                    reference64, reference_grads, rel_error, requires_cuda, requires_2_gpus)
 
 NUM_SRC, NUM_DST, NUM_EDGES, DIM = 9, 13, 40, 8  # NUM_SRC < NUM_DST: catches checking against the wrong N
@@ -105,7 +105,7 @@ def test_not_tensors(device):
 def test_oob_with_grad_leaves_no_grad(device):
     a = _good(device)
     src = a["src_feat"].clone().requires_grad_(True)
-    with pytest.raises(IndexError, match="dst_idx"):
+    with raises_checked(IndexError, match="dst_idx"):
         _call(_with(a, src_feat=src, dst_idx=_bad_index(a["dst_idx"], 0, NUM_DST + 100)))
     assert src.grad is None
 
@@ -115,7 +115,7 @@ def test_cpu_oob_raises_even_without_check():
     a = _good("cpu")
     for name, value in (("src_idx", NUM_SRC), ("dst_idx", -1)):
         bad = _with(a, **{name: _bad_index(a[name], 2, value)})
-        with pytest.raises(IndexError, match=name):
+        with raises_checked(IndexError, match=name):
             _call(bad, check_indices=False)
 
 
@@ -159,9 +159,9 @@ def test_unknown_gradient_reduction(device):
 def test_edge_plan_bad_inputs(device):
     a = _good(device)
     s, d = a["src_idx"], a["dst_idx"]
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         edgedot.EdgePlan(_bad_index(s, 0, NUM_SRC), d, NUM_SRC, NUM_DST)
-    with pytest.raises(IndexError, match="dst_idx"):
+    with raises_checked(IndexError, match="dst_idx"):
         edgedot.EdgePlan(s, _bad_index(d, 0, -1), NUM_SRC, NUM_DST)
     with pytest.raises(ValueError, match="src_idx|dst_idx"):
         edgedot.EdgePlan(s, d[:-1], NUM_SRC, NUM_DST)
@@ -202,7 +202,7 @@ def test_cuda_oob_raises_then_recovers(name, value, heads):
     if value == 2**40 and a[name].dtype == torch.int32:
         pytest.skip("value does not fit int32")
     bad = _with(a, **{name: _bad_index(a[name], NUM_EDGES // 2, value)})
-    with pytest.raises(IndexError, match=name):
+    with raises_checked(IndexError, match=name):
         _call(bad)
         torch.cuda.synchronize()
     torch.cuda.synchronize()  # no sticky error: the CUDA context is still usable
@@ -299,7 +299,7 @@ def test_cuda_second_device():
         assert src.grad.device == torch.device("cuda:1")
         plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST)
         check_forward(**a, plan=plan)
-        with pytest.raises(IndexError, match="src_idx"):
+        with raises_checked(IndexError, match="src_idx"):
             _call(_with(a, src_idx=_bad_index(a["src_idx"], 0, NUM_SRC)))
     torch.cuda.synchronize(1)
     check_forward(**a)
@@ -323,7 +323,7 @@ def test_index_modified_in_place_after_a_checked_call_is_checked_again(device):
     a = _good(device)
     _call(a)  # found in range and remembered
     a["src_idx"][5] = NUM_SRC
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         _call(a)
     a["src_idx"][5] = 0
     check_forward(a["src_feat"], a["dst_feat"], a["src_idx"], a["dst_idx"])
@@ -335,7 +335,7 @@ def test_remembered_index_is_checked_against_a_smaller_table(device):
     a["dst_idx"][0] = NUM_DST - 1
     _call(a)
     smaller = a["dst_feat"][: NUM_DST - 1]
-    with pytest.raises(IndexError, match="dst_idx"):
+    with raises_checked(IndexError, match="dst_idx"):
         _call(_with(a, dst_feat=smaller))
 
 
@@ -346,7 +346,7 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
     src_view = edge_index[0]
     _call(_with(a, src_idx=src_view))
     edge_index[0, 3] = -1  # a write through the base bumps the view's version too
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         _call(_with(a, src_idx=src_view))
 
 
@@ -356,13 +356,13 @@ def count_range_checks(monkeypatch):
     (``graph_flags``: on CUDA one wait for the device each), by the index tensors each covers."""
     from edgedot.runtime import checks
     calls = []
-    real = checks.graph_flags
+    real = checks.launch_graph_flags
 
     def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.extend(["src_idx"] * check_src + ["dst_idx"] * check_dst)
         return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    monkeypatch.setattr(checks, "graph_flags", counted)
+    monkeypatch.setattr(checks, "launch_graph_flags", counted)
     return calls
 
 
@@ -399,7 +399,7 @@ def test_views_made_anew_each_call_are_checked_once(device, op, count_range_chec
     call()
     assert count_range_checks == ["src_idx", "dst_idx"] * (calls + 1)
     edge_index[0, 3] = NUM_SRC
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         call()
 
 
@@ -437,7 +437,7 @@ def test_compiled_views_are_checked_not_trusted():
     fn = torch.compile(lambda s, d, ei: edgedot.edge_dot(s, d, ei[0], ei[1]), fullgraph=True)
     fn(a["src_feat"], a["dst_feat"], edge_index)
     edge_index[0, 3] = NUM_SRC
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         fn(a["src_feat"], a["dst_feat"], edge_index)
 
 
@@ -450,7 +450,7 @@ def test_cuda_memo_of_many_graphs_stays_correct():
         _call(_with(a, src_idx=idx))
     for k in (0, 25, 39):
         graphs[k][1] = NUM_SRC
-        with pytest.raises(IndexError, match="src_idx"):
+        with raises_checked(IndexError, match="src_idx"):
             _call(_with(a, src_idx=graphs[k]))
         graphs[k][1] = 0
         check_forward(a["src_feat"], a["dst_feat"], graphs[k], a["dst_idx"])
@@ -476,7 +476,7 @@ def test_inference_mode_indices_are_checked_every_call(device):
         src_idx = a["src_idx"].clone()
         _call(_with(a, src_idx=src_idx))
         src_idx[0] = NUM_SRC
-        with pytest.raises(IndexError, match="src_idx"):
+        with raises_checked(IndexError, match="src_idx"):
             _call(_with(a, src_idx=src_idx))
 
 

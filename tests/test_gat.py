@@ -14,7 +14,7 @@ from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
-                   rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+                   raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -485,15 +485,15 @@ def test_dst_ptr_errors(kind, device):
         call(ptr[:-1])
     bad = ptr.clone()
     bad[-1] -= 1
-    with pytest.raises(ValueError, match="dst_ptr must rise from 0"):
+    with raises_checked(ValueError, match="dst_ptr must rise from 0"):
         call(bad)
     shuffled = dst[torch.randperm(60, generator=gen(6)).to(device)]
-    with pytest.raises(ValueError, match="dst_ptr disagrees with dst_idx"):
+    with raises_checked(ValueError, match="dst_ptr disagrees with dst_idx"):
         call(ptr, shuffled)
     with pytest.raises(ValueError, match="plan or dst_ptr"):
         call(ptr, plan=edgedot.EdgePlan(src, dst, 40, 30))
     if device == "cpu":  # the CPU checks whatever check_indices says
-        with pytest.raises(ValueError, match="dst_ptr disagrees"):
+        with raises_checked(ValueError, match="dst_ptr disagrees"):
             call(ptr, shuffled, check_indices=False)
 
 
@@ -734,16 +734,16 @@ def test_out_of_range_index(kind, device, name, value):
     leaves = _leaves(feats)
     bad = {"src_idx": src.clone(), "dst_idx": dst.clone()}
     bad[name][7] = value
-    with pytest.raises(IndexError, match=name):
+    with raises_checked(IndexError, match=name):
         kind.call(kind.fn, leaves, bad["src_idx"], bad["dst_idx"])
     assert leaves[0].grad is None
     bad[name][7] = 0  # still usable, and the same tensor fixed in place is checked again
     check(kind, feats, bad["src_idx"], bad["dst_idx"], grad=False)
     bad[name][7] = value
-    with pytest.raises(IndexError, match=name):
+    with raises_checked(IndexError, match=name):
         kind.call(kind.fn, leaves, bad["src_idx"], bad["dst_idx"])
     if device == "cpu":  # the CPU always checks
-        with pytest.raises(IndexError, match=name):
+        with raises_checked(IndexError, match=name):
             kind.call(kind.fn, leaves, bad["src_idx"], bad["dst_idx"], check_indices=False)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import edgedot.nn
-from utils import DEVICES, gen, rand_feat, rand_index, rel_error, requires_cuda
+from utils import DEVICES, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda
 
 pytest.importorskip("torch_geometric")
 import torch_geometric.nn as pyg_nn  # noqa: E402
@@ -127,7 +127,7 @@ def test_numpy_buffer_refilled_between_calls(kind, edge_dim):
         _assert_matches_pyg(ours, theirs, x, edge_index, edge_attr, f"step {step}")
     assert edge_index._version == 0  # the writes were invisible to PyTorch
     buffer[0, 7] = 12  # out of range: refused, naming the argument
-    with pytest.raises(IndexError, match=r"edge_index\[0\]"):
+    with raises_checked(IndexError, match=r"edge_index\[0\]"):
         ours(x, edge_index, edge_attr)
 
 
@@ -400,5 +400,5 @@ def test_edge_index_false_sort_claim(device, kind, flow):
     assert rel_error(ours(x, true_claim), theirs(x, by_dst)) <= TOL
     unsorted = by_dst[:, torch.randperm(30, generator=gen(3)).to(device)]
     false_claim = EdgeIndex(unsorted, sparse_size=(10, 10), sort_order=order)
-    with pytest.raises(ValueError, match=f"edge_index .*sort_order='{order}'"):
+    with raises_checked(ValueError, match=f"edge_index .*sort_order='{order}'"):
         ours(x, false_claim)

@@ -5,7 +5,7 @@ import torch
 
 import edgedot
 import edgedot.nn
-from utils import (DEVICES, CHUNK_EDGES, assert_accurate, check_backward, dtype_id, gen, rand_feat,
+from utils import (DEVICES, CHUNK_EDGES, raises_checked, assert_accurate, check_backward, dtype_id, gen, rand_feat,
                    rand_index, reference, reference64, reference_grads, rel_error, skewed_index)
 
 OP = torch.ops.edgedot.edge_dot.default
@@ -180,7 +180,7 @@ def test_edge_dot_module_checks_indices(device):
     src, dst, src_idx, dst_idx = _inputs("2d", torch.float32, device, False)
     bad = src_idx.clone()
     bad[3] = src.shape[0]
-    with pytest.raises(IndexError, match="src_idx"):
+    with raises_checked(IndexError, match="src_idx"):
         edgedot.nn.EdgeDot()(src, dst, bad, dst_idx)
 
 

@@ -7,6 +7,8 @@ it computes in the same low precision, plus a tiny per-dtype floor so that a yar
 products' cancellation (``dot_condition``).
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -32,6 +34,16 @@ FLOORS = {
 # Edges in the longest chunk the sorted reduction walks (kMaxChunkEdges in
 # edgedot/csrc/backward_sorted.cu): a row longer than this spans several chunks at any graph size.
 CHUNK_EDGES = 256
+
+
+@contextlib.contextmanager
+def raises_checked(expected, match=None):
+    """``pytest.raises`` around the block, which ends with :func:`edgedot.wait_for_checks`: a CUDA
+    call reports a bad graph when its check is read (a later call, or that function), not during
+    the call; the CPU reports it in the call."""
+    with pytest.raises(expected, match=match) as info:
+        yield info
+        edgedot.wait_for_checks()
 
 
 def dtype_id(dtype):

@@ -12,8 +12,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("group_edges", &edgedot::group_edges,
         "edgedot.runtime.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
-  m.def("check_graph", &edgedot::check_graph,
-        "src_idx, dst_idx and dst_ptr validated in one kernel and one wait: a bitmask of failed conditions (CUDA)");
+  m.def("graph_flags", &edgedot::graph_flags,
+        "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");

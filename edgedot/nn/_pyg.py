@@ -20,7 +20,7 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from ..runtime.checks import TensorMemo, check_graph, check_index_range
+from ..runtime.checks import check_graph
 
 try:
     from torch_geometric import EdgeIndex
@@ -354,25 +354,16 @@ def _sparse_adjacency(adj_t, num_dst):
 
 def _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order):
     """The :class:`Adjacency` of an EdgeIndex that claims to be sorted by destination, with its
-    row pointer ``dst_ptr``: the claim is verified with the ranges (on CUDA one wait for a graph
-    not seen before, remembered as :func:`edgedot.runtime.checks.check_graph` remembers; on the
-    CPU every call), since the CUDA kernels walk the pointer as given. A false claim raises
-    ``ValueError`` naming ``edge_index``."""
-    adj = _dense(edge_index, num_src, num_dst, flow, dst_ptr)
-    if not adj.checked:
-        return adj  # nothing may wait now: the kernel checks the pointer itself
-    try:
-        check_graph(adj.src, num_src, adj.dst, num_dst, dst_ptr)
-    except ValueError as error:
-        row = 1 if flow == "source_to_target" else 0
-        falls = torch.nonzero(adj.dst[1:] < adj.dst[:-1])
-        detail = str(error)
-        if falls.numel():
-            bad = int(falls[0, 0]) + 1
-            detail = f"edge_index[{row}, {bad}] = {int(adj.dst[bad])} follows {int(adj.dst[bad - 1])}"
-        raise ValueError(f"edge_index is an EdgeIndex with sort_order={order!r}, but its edges are not sorted by "
-                         f"destination: {detail}") from None
-    return adj
+    row pointer ``dst_ptr``: the claim is checked with the ranges, in the one fused check of
+    :func:`edgedot.runtime.checks.check_graph` (on CUDA without a wait: an error is raised by a
+    later call), since the CUDA kernels walk the pointer as given. A false claim raises
+    ``ValueError`` naming ``edge_index``; meanwhile the kernels make the destinations concerned NaN."""
+    src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    if not _may_check(edge_index):
+        return Adjacency(src, dst, dst_ptr, None, False)  # the kernel checks the pointer itself
+    names = _row_names(flow) + (f"edge_index (an EdgeIndex with sort_order={order!r}): its row pointer",)
+    check_graph(src, num_src, dst, num_dst, dst_ptr, names)
+    return Adjacency(src, dst, dst_ptr, None, True)
 
 
 def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
@@ -380,35 +371,33 @@ def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
     return Adjacency(src, dst, dst_ptr, None, dense_in_range(edge_index, num_src, num_dst, flow))
 
 
-# CUDA [2, E] edge_index tensors found in range, with the (num_src, num_dst) they were checked for.
-_dense_checked = TensorMemo()
+def _row_names(flow):
+    """The names of the source and destination rows of a ``[2, E]`` ``edge_index``."""
+    return ("edge_index[0]", "edge_index[1]") if flow == "source_to_target" else ("edge_index[1]", "edge_index[0]")
+
+
+def _may_check(edge_index):
+    """Whether the layer checks the graph itself now: not while tracing or capturing a CUDA graph
+    (the kernel then checks its rows itself), nor for a dtype the kernel refuses with its error."""
+    if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return edge_index.dtype in (torch.int32, torch.int64)
 
 
 def dense_in_range(edge_index, num_src, num_dst, flow="source_to_target"):
     """Checks a ``[2, E]`` ``edge_index`` against the node counts and returns True, or returns
-    False where nothing may wait (tracing, CUDA-graph capture) and the kernel checks its rows
-    itself (the CPU kernels always do).
+    False where the layer does not check (tracing, CUDA-graph capture, a dtype the kernel
+    refuses) and the kernel checks its rows itself.
 
-    On the CPU every call checks: its memory can be rewritten behind PyTorch's version counter (a
-    numpy buffer wrapped once with ``torch.from_numpy`` and refilled, writes through ``.data``),
-    and a pass over the indices there costs less than 1% of a layer's call. On CUDA a check
-    waits for the device, so a tensor found in range is remembered until its version counter
-    moves (:class:`edgedot.runtime.checks.TensorMemo`); a write that bypasses the counter and
-    leaves an index out of range is then not refused, and the kernels, which never read out of
-    range, give NaN rows or drop the edge instead. Its rows are new views on every call, which the
-    kernel's own memo would check (and wait for) every time."""
-    if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
+    The check is :func:`edgedot.runtime.checks.check_graph`'s, naming ``edge_index[0]`` or
+    ``edge_index[1]``: on the CPU every call; on CUDA without a wait for the device (an error is
+    raised by the first edgedot call after the device ran the check, or by
+    :func:`edgedot.wait_for_checks`; the kernels read nothing out of range meanwhile), and a
+    tensor found in range is remembered until its version counter moves."""
+    if not _may_check(edge_index):
         return False
-    if edge_index.dtype not in (torch.int32, torch.int64):
-        return False  # the kernel refuses it with its own error
-    remember = edge_index.is_cuda
-    known = _dense_checked.get(edge_index) if remember else None
-    if known is None or known[0] > num_src or known[1] > num_dst or known[2] != flow:
-        row_src, row_dst = (0, 1) if flow == "source_to_target" else (1, 0)
-        check_index_range(f"edge_index[{row_src}]", edge_index[row_src], num_src)
-        check_index_range(f"edge_index[{row_dst}]", edge_index[row_dst], num_dst)
-        if remember:
-            _dense_checked.put(edge_index, (num_src, num_dst, flow))
+    row_src, row_dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    check_graph(row_src, num_src, row_dst, num_dst, None, _row_names(flow) + ("dst_ptr",))
     return True
 
 

@@ -119,6 +119,21 @@ class _GATBase(Projections, MessagePassing):
         loop_attr = self._loop_attr(looped[:, :looped.size(1) - num_nodes], edge_attr, num_nodes)
         return looped, torch.cat([edge_attr, loop_attr], dim=0)
 
+    @torch.jit.unused
+    def _loops_in_place(self, edge_index, edge_attr, num_nodes, num_dst):
+        """PyG's self-loop handling of a ``[2, E]`` CUDA tensor (sources in row 0) as the kernels'
+        :class:`Adjacency`, without a wait for the device: every edge keeps its place, a self-loop's
+        destination becomes ``num_dst`` (a row the kernels drop: an out-of-range destination adds
+        nothing to any output or gradient), and the loops of nodes ``0 .. num_nodes - 1`` follow,
+        ``edge_attr`` filled as :meth:`_self_looped` fills it. Removing the loops instead would need
+        their count on the host. Returns ``(edge_attr, adjacency)``."""
+        src = edge_index[0]
+        dst = torch.where(src == edge_index[1], num_dst, edge_index[1])
+        loop = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+        if edge_attr is not None:
+            edge_attr = torch.cat([edge_attr, self._loop_attr(torch.stack([src, dst]), edge_attr, num_nodes)])
+        return edge_attr, Adjacency(torch.cat([src, loop]), torch.cat([dst, loop]), None, None, True)
+
     def _tensor_loops(self, edge_index: Tensor, edge_attr: OptTensor, num_nodes: int) -> Tuple[Tensor, OptTensor]:
         """PyG's ``remove_self_loops`` then ``add_self_loops`` of any tensor adjacency
         (``[2, E]``, ``EdgeIndex``, ``torch.sparse``), the loops' features from :meth:`_loop_attr`."""
@@ -140,13 +155,13 @@ class _GATBase(Projections, MessagePassing):
         return compute_loop_attr(kept_index, edge_attr, num_nodes, False, self.fill_value)
 
     @torch.jit.unused
-    def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
+    def _adjacency(self, edge_index, edge_attr, num_nodes, num_src, num_dst, want_graph):
         """The edges the fused kernel runs over, after PyG's self-loop handling: a tensor
         (``[2, E]``, ``EdgeIndex`` or ``torch.sparse``) loses its self-loops and gains one per
         node of ``0 .. num_nodes - 1`` (``edge_attr`` filled with ``fill_value``); a
         ``SparseTensor`` gets its diagonal set (refused with ``edge_dim``, as PyG refuses it).
         Returns ``(edge_index, edge_attr, Adjacency)``: the graph PyG's attention weights are
-        returned with, its edge features, and the kernel's view of it."""
+        returned with (only where ``want_graph``), its edge features, and the kernel's view of it."""
         if type(edge_index) is torch.Tensor and edge_index.layout == torch.strided:
             if edge_index.dim() != 2 or edge_index.shape[0] != 2:
                 adjacency(edge_index, num_src, num_dst, self.flow)  # raises the error naming edge_index
@@ -154,6 +169,9 @@ class _GATBase(Projections, MessagePassing):
                 # The input range-checked; the looped graph then is in range by construction (its
                 # loops are of nodes below min(num_src, num_dst)).
                 checked = dense_in_range(edge_index, num_src, num_dst, self.flow)
+                if checked and edge_index.is_cuda and self.flow == "source_to_target" and not want_graph:
+                    edge_attr, adj = self._loops_in_place(edge_index, edge_attr, num_nodes, num_dst)
+                    return edge_index, edge_attr, adj
                 edge_index, edge_attr = self._self_looped(edge_index, edge_attr, num_nodes)
                 src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
                     (edge_index[1], edge_index[0])
@@ -486,7 +504,8 @@ class GATConv(_GATBase):
             raise ValueError(f"size {tuple(size)} disagrees with the node features: "
                              f"{x_src.shape[0]} sources, {num_dst} destinations")
         loops = min(num_src, num_dst) if size is None else min(size)
-        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst)
+        edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst,
+                                                     bool(return_attention_weights))
         x_src, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, self._fused_edge_attr(adj, edge_attr),
                                                              num_dst)
         return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,

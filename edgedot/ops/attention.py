@@ -35,6 +35,7 @@ from ..cpu import attention as cpu_attention
 from ..runtime import dropout
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair
+from ..runtime.checks import deferred as deferred_checks
 from ..runtime.grouped import check_dst_ptr, index_to_ptr
 from ..runtime.plan import MAX_ROWS, EdgePlan, build_side, group_offsets
 
@@ -109,14 +110,17 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
             with ``plan``.
         deterministic: accepted for symmetry with :func:`edgedot.edge_dot`. Every path is
             bitwise reproducible already (no float atomics), with or without a plan.
-        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range.
-            On CUDA the indices and ``dst_ptr`` are checked together, in one kernel and one
-            wait for the device, for a graph not seen before; what is found is remembered
-            until the tensors are modified in place (views such as ``edge_index[0]`` made anew
-            each call included), so a graph passed again does not wait. With ``False`` it
-            never waits, an out-of-range source makes its destination's output NaN and an
-            out-of-range destination drops its edge. The CPU always checks. Out-of-range
-            indices are never read.
+        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range
+            (``ValueError`` naming ``dst_ptr`` if it disagrees with ``dst_idx``). The CPU checks
+            during the call. On CUDA the call never waits for the device: the indices and
+            ``dst_ptr`` are checked together by one kernel queued ahead of the call's own, and
+            the error is raised by the first edgedot call made after the device ran the check,
+            or at the latest by :func:`edgedot.wait_for_checks`; a graph found right is
+            remembered until its tensors are modified in place (views such as ``edge_index[0]``
+            made anew each call included), so a graph passed again launches no check. With
+            ``False`` nothing is checked. Out-of-range values are never read: an out-of-range
+            source makes its destination's output NaN, an out-of-range destination drops its
+            edge, and a wrong ``dst_ptr`` makes the destinations concerned NaN.
         return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable).
 
     Returns:
@@ -163,6 +167,8 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     """``(dst_group, dst_offsets, src_group, src_offsets)`` for an attention op, from ``plan`` or
     ``dst_ptr`` (checked here against the graph) or built on CUDA; ``src_feat`` / ``dst_feat``
     have one row per source / destination node."""
+    if not torch.compiler.is_compiling():
+        deferred_checks.raise_found()  # an earlier call's graph the device found bad
     if plan is not None:
         plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
     num_dst, is_cuda = dst_feat.shape[0], dst_feat.is_cuda

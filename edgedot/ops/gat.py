@@ -54,9 +54,10 @@ _OPTIONS = """dropout_p: dropout on ``alpha`` without renormalisation (PyG's sem
             (:func:`edgedot.index_to_ptr`); no sort in the forward. Checked against ``dst_idx``
             as in :func:`edgedot.graph_attention` (``ValueError`` naming ``dst_ptr``). Not
             together with ``plan``.
-        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range
-            (on CUDA one wait per index tensor, remembered until it is modified in place; the
-            CPU always checks).
+        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range,
+            as :func:`edgedot.graph_attention` does (on CUDA without a wait for the device: the
+            error is raised by a later edgedot call, at the latest by
+            :func:`edgedot.wait_for_checks`; the CPU checks during the call).
         return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable)."""
 
 

@@ -131,20 +131,37 @@ class TensorMemo:
 
     def put(self, idx, fact):
         """Records ``fact`` (not None) for ``idx`` as it is now."""
+        self.commit(self.prepare(idx, fact))
+
+    def prepare(self, idx, fact):
+        """The record of ``fact`` for ``idx`` as it is now, to :meth:`commit` once the fact is
+        known to hold (a check still running on the device); None where nothing can be recorded."""
         if idx.is_inference():  # no version counter: checked on every call
-            return
+            return None
         key, storage = _key_of(idx)
         if key is None:
-            return
+            return None
         base = idx._base if idx._is_view() else idx
         entries = self._entries
+        entry = None
 
         def drop(_):
             if entries.get(key) is entry:
                 del entries[key]
 
         entry = (weakref.ref(storage, drop), weakref.ref(base, drop), idx._version, storage.data_ptr(), fact)
-        entries[key] = entry
+        return key, entry
+
+    def retract(self, record):
+        """Removes a record of :meth:`commit` unless another has replaced it."""
+        if record is not None and self._entries.get(record[0]) is record[1]:
+            del self._entries[record[0]]
+
+    def commit(self, record):
+        """Stores a record of :meth:`prepare` (nothing for None). A tensor written since then no
+        longer matches it: its version or its storage moved on."""
+        if record is not None and record[1][0]() is not None and record[1][1]() is not None:
+            self._entries[record[0]] = record[1]
 
 
 def _key_of(idx):
@@ -189,44 +206,71 @@ _checked_pointer_targets = TensorMemo()
 
 # Bits of graph_flags' answer (GraphCheckFlag in csrc/edgedot.h).
 SRC_OUT_OF_RANGE, DST_OUT_OF_RANGE, PTR_ENDS_WRONG, PTR_DECREASES, PTR_DISAGREES = 1, 2, 4, 8, 16
+GRAPH_CHECK_FLAGS = 5
+
+# The names a graph's tensors go by in errors: (source indices, destination indices, pointer).
+OP_NAMES = ("src_idx", "dst_idx", "dst_ptr")
 
 
-def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None):
+def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES):
     """Raises IndexError naming ``src_idx`` / ``dst_idx`` and the bad index if one lies outside
     ``[0, num_src)`` / ``[0, num_dst)``, and with ``dst_ptr`` (int32/int64 ``[num_dst + 1]``, shape
     already checked) ValueError naming it unless it is ``dst_idx``'s CSR pointer: it starts at 0,
     ends at E, never decreases, and edge i lies in the range of its destination ``dst_idx[i]``.
+    ``names`` are the three tensors' names in the errors.
 
-    On CUDA what is learned is remembered (:class:`TensorMemo`), so a graph passed again costs
-    nothing; the rest is one fused pass read back once (:func:`graph_flags`), so a new graph
-    costs one wait for the device; only a failing graph pays for the error's details. A write
-    that bypasses the version counter (``.data``, DLPack) and leaves an index out of range or
-    the pointer wrong is then not refused: the kernels never read out of range, and give NaN
-    rows or drop the edge instead. On the CPU nothing is remembered: its memory can be rewritten
-    behind the version counter (a numpy buffer behind ``torch.from_numpy``, refilled by a data
-    loader), and a pass there costs about what a lookup saves. Nothing waits while a CUDA graph
-    is captured: the kernels never read out of range anyway."""
-    remember = src_idx.is_cuda
-    if remember and torch.cuda.is_current_stream_capturing():
+    On the CPU the check runs here, every call: its memory can be rewritten behind PyTorch's
+    version counter (a numpy buffer behind ``torch.from_numpy``, refilled by a data loader), and
+    a pass there costs about what a memo lookup saves.
+
+    On CUDA the host never waits for it: one fused kernel runs the check on the device, ahead of
+    the call's kernels on the same stream, and its verdict is read when it is ready (see
+    :class:`DeferredChecks`): an error is raised by the first edgedot call made after the device
+    ran the check, or by :func:`edgedot.wait_for_checks`, which waits for it. The kernels read
+    nothing out of range meanwhile: an out-of-range source makes its destination's output NaN, an
+    out-of-range destination drops its edge, a pointer that disagrees with ``dst_idx`` makes its
+    destinations NaN. A graph found right is remembered (:class:`TensorMemo`) until its tensors
+    are modified in place, so a graph passed again launches nothing; a write that bypasses the
+    version counter (``.data``, DLPack) is then not seen, with the same safe outcome. Nothing is
+    launched while a CUDA graph is captured (a replay could not report what it found)."""
+    if not src_idx.is_cuda:
+        flags = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, True, True)
+        if flags:
+            _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr, names)
         return
-    check_src = not (remember and in_range_indices.covers_rows(src_idx, num_src))
-    check_dst = not (remember and in_range_indices.covers_rows(dst_idx, num_dst))
-    check_ptr = dst_ptr is not None and not (remember and _pointer_agrees(dst_ptr, dst_idx))
+    if torch.cuda.is_current_stream_capturing():
+        return
+    deferred.raise_found()
+    check_src = not in_range_indices.covers_rows(src_idx, num_src)
+    check_dst = not in_range_indices.covers_rows(dst_idx, num_dst)
+    check_ptr = dst_ptr is not None and not _pointer_agrees(dst_ptr, dst_idx)
     if not (check_src or check_dst or check_ptr):
         return
-    flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src, check_dst)
-    if flags:
-        _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr)
-    if not remember:
-        return
+    flags = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src,
+                               check_dst)
+    # Remembered now, as if found right: a call passing the graph again before the verdict is read
+    # needs no check of its own (the pending one raises for both). A failed check retracts them.
+    records = []
     if check_src:
-        in_range_indices.add(src_idx, num_src)
+        records.append((in_range_indices, in_range_indices.prepare(src_idx, num_src)))
     if check_dst:
-        in_range_indices.add(dst_idx, num_dst)
+        records.append((in_range_indices, in_range_indices.prepare(dst_idx, num_dst)))
     if check_ptr:
         token = object()
-        _checked_pointers.put(dst_ptr, token)
-        _checked_pointer_targets.put(dst_idx, token)
+        records += [(_checked_pointers, _checked_pointers.prepare(dst_ptr, token)),
+                    (_checked_pointer_targets, _checked_pointer_targets.prepare(dst_idx, token))]
+    for memo, record in records:
+        memo.commit(record)
+    deferred.submit(flags, records, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+
+
+def launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
+    """The check behind :func:`check_graph`: on CUDA its kernel, launched (the device's int32
+    flags, not yet read); elsewhere :func:`graph_flags`'s bitmask, read back."""
+    if src_idx.is_cuda:
+        from .build import cuda_module
+        return cuda_module().graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+    return graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
 
 def _pointer_agrees(dst_ptr, dst_idx):
@@ -234,14 +278,87 @@ def _pointer_agrees(dst_ptr, dst_idx):
     return token is not None and _checked_pointer_targets.get(dst_idx) is token
 
 
+class DeferredChecks:
+    """Graph checks running on the device, whose verdicts the host reads without waiting.
+
+    :meth:`submit` queues a copy of a check's flags into pinned host memory behind the check's
+    kernel, and an event after it. :meth:`raise_found`, which every CUDA check and every attention
+    call makes first, looks at the events without waiting: for each check the device has
+    finished, it drops the check, or, where it failed, retracts what the memos were told (the
+    records) and raises the check's error, naming the argument of the call that passed the bad
+    graph. :meth:`wait` waits for every pending check first (:func:`edgedot.wait_for_checks`).
+
+    A pending check holds the call's index tensors, for the details of its error (their values
+    as they are when the error is raised)."""
+
+    def __init__(self):
+        self._pending = []
+
+    def submit(self, flags, records, graph):
+        """Queues the read-back of ``flags`` (the device's, of a check just launched); ``records``:
+        (memo, record) pairs committed for it; ``graph``: :func:`check_graph`'s tensors and names."""
+        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        host.copy_(flags, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._pending.append((done, host, records, graph))
+
+    def raise_found(self, wait=False):
+        """Settles every finished check (every pending one with ``wait``); raises the first error.
+        Nothing during CUDA-graph capture, which forbids looking at events."""
+        if not self._pending or torch.cuda.is_current_stream_capturing():
+            return
+        finished, waiting = [], []
+        for check in self._pending:
+            if wait:
+                check[0].synchronize()
+            (finished if wait or check[0].query() else waiting).append(check)
+        failed = []
+        for _, host, records, graph in finished:
+            flags = sum(1 << k for k, bit in enumerate(host.tolist()) if bit)
+            if flags:
+                for memo, record in records:
+                    memo.retract(record)
+                failed.append((flags, graph))
+        self._pending = waiting
+        if failed:
+            flags, graph = failed[0]
+            _raise_graph_error(flags, *graph, earlier=True)
+
+    def wait(self):
+        self.raise_found(wait=True)
+
+    def discard(self):
+        """Forgets every pending check, its verdict unread."""
+        self._pending = []
+
+
+deferred = DeferredChecks()
+
+
+def wait_for_checks():
+    """Waits for the index checks of earlier edgedot calls still running on the device (CUDA
+    calls do not wait for them), and raises the error of the first that found a bad index or
+    pointer (``IndexError`` / ``ValueError`` naming the argument). Without pending checks it
+    returns at once; every edgedot call also raises the errors of the checks the device has
+    finished by then, without waiting. Call it where a loop must know its graphs were valid,
+    e.g. before saving a checkpoint; a bad index is never read in any case."""
+    deferred.wait()
+
+
 def graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
     """The conditions of :func:`check_graph` that fail, as a bitmask (``SRC_OUT_OF_RANGE``,
     ``DST_OUT_OF_RANGE`` when asked; ``PTR_ENDS_WRONG``, ``PTR_DECREASES``, ``PTR_DISAGREES`` with
-    ``dst_ptr``): on CUDA one kernel of the extension, one copy and one wait; elsewhere tensor
-    operations read back once."""
+    ``dst_ptr``), read back at once (on CUDA one kernel of the extension and one wait)."""
     if src_idx.is_cuda:
         from .build import cuda_module
-        return cuda_module().check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+        flags = cuda_module().graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+        return sum(1 << k for k, bit in enumerate(flags.tolist()) if bit)
+    return _flags_on_host(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+
+
+def _flags_on_host(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
+    """:func:`graph_flags` by tensor operations (any device but CUDA), read back once."""
     device = src_idx.device
     no = torch.zeros((), dtype=torch.bool, device=device)
     conditions = [_out_of_range(src_idx, num_src) if check_src else no,
@@ -267,22 +384,33 @@ def _rows_of_edges(ptr, num_edges):
     return torch.searchsorted(ptr, torch.arange(num_edges, device=ptr.device), right=True) - 1
 
 
-def _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr):
-    """The error for the failed conditions ``flags``, with its details (more passes, more waits)."""
+def _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr, names=OP_NAMES, earlier=False):
+    """The error for the failed conditions ``flags``, with its details (more passes, more waits);
+    ``earlier``: found by the device after the call that passed the graph returned."""
+    src_name, dst_name, ptr_name = names
+    when = " (in the graph of an earlier call: the device's check found it after the call returned)" \
+        if earlier else ""
     num_edges = dst_idx.shape[0]
     if flags & (PTR_ENDS_WRONG | PTR_DECREASES):
-        raise ValueError(f"dst_ptr must rise from 0 to E={num_edges} without decreasing (a CSR pointer by "
-                         f"destination)")
+        raise ValueError(f"{ptr_name} must rise from 0 to E={num_edges} without decreasing (a CSR pointer by "
+                         f"destination){when}")
     if flags & PTR_DISAGREES:
         rows = _rows_of_edges(dst_ptr.to(torch.int64).contiguous(), num_edges)
         wrong = torch.nonzero(rows != dst_idx)
+        detail = "(are the edges sorted by destination?)"
         if wrong.numel():
             bad = int(wrong[0, 0])
-            raise ValueError(f"dst_ptr disagrees with dst_idx: edge {bad} has destination {int(dst_idx[bad])} but "
-                             f"lies in the range of node {int(rows[bad])} (are the edges sorted by destination?)")
-    for bit, name, idx, num_rows in ((SRC_OUT_OF_RANGE, "src_idx", src_idx, num_src),
-                                     (DST_OUT_OF_RANGE, "dst_idx", dst_idx, num_dst)):
+            detail = (f"edge {bad} has destination {int(dst_idx[bad])} but lies in the range of node "
+                      f"{int(rows[bad])} {detail}")
+        raise ValueError(f"{ptr_name} disagrees with {dst_name}: {detail}{when}")
+    for bit, name, idx, num_rows in ((SRC_OUT_OF_RANGE, src_name, src_idx, num_src),
+                                     (DST_OUT_OF_RANGE, dst_name, dst_idx, num_dst)):
         if flags & bit:
-            check_index_range(name, idx, num_rows)
+            if idx.numel():
+                lo, hi = (int(v) for v in torch.aminmax(idx))
+                if lo < 0 or hi >= num_rows:
+                    raise IndexError(f"{name} holds {lo if lo < 0 else hi}, outside [0, {num_rows}){when}")
+            if earlier:  # written since the check
+                raise IndexError(f"{name} held an index outside [0, {num_rows}){when}")
     # The data changed between the check and the details (another stream wrote it).
-    raise ValueError("src_idx, dst_idx or dst_ptr changed while being checked")
+    raise ValueError(f"{src_name}, {dst_name} or {ptr_name} changed while being checked")

@@ -47,8 +47,8 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 
 // ---- Graph checks (common/graph_checks.cpp) ----
 
-int64_t check_graph(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
-                    const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
+at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                       const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
 
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
 

@@ -3,6 +3,7 @@
 // order of common/edge_order.cu). Shapes and dtypes were validated in Python (edgedot/runtime/checks.py)
 // before these are called.
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -124,7 +125,8 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
                  index_kind(dst_idx, "dst_idx"), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (flags != nullptr) {
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // c10's wait, so that torch.cuda.set_sync_debug_mode sees it.
+    c10::cuda::stream_synchronize(stream);
     const volatile int* seen = flags;
     if (seen[0] != 0) return {out, kBadSrcIndex};
     if (seen[1] != 0) return {out, kBadDstIndex};
