@@ -291,7 +291,7 @@ def test_plan_offsets():
     assert plan.offsets("src").tolist() == [0, 2, 3, 5, 5, 6]
     assert plan.offsets("dst") is plan.offsets("dst")  # kept
     assert plan.to("cpu").offsets("src").tolist() == plan.offsets("src").tolist()
-    with pytest.raises(ValueError, match="side"):
+    with raises_checked(ValueError, match="side"):
         plan.offsets("rows")
 
 
@@ -572,7 +572,7 @@ def test_bad_inputs(device, case):
     change, error, pattern = BAD_CASES[case]
     args, ef, other_plan = _bad(device)
     change(args, ef, other_plan)
-    with pytest.raises(error, match=pattern):
+    with raises_checked(error, match=pattern):
         edgedot.graph_attention(**args)
 
 
@@ -640,9 +640,9 @@ def test_cuda_matches_cpu(dtype, edge_feat, monkeypatch):
 @requires_cuda
 def test_cuda_head_dim_limit():
     q, k, v, src, dst, _ = make_inputs(device="cuda", dim=257, dim_v=8)
-    with pytest.raises(ValueError, match="at most 256"):
+    with raises_checked(ValueError, match="at most 256"):
         edgedot.graph_attention(q, k, v, src, dst)
-    with pytest.raises(ValueError, match="at most 256"):
+    with raises_checked(ValueError, match="at most 256"):
         edgedot.graph_attention(q[..., :8], k[..., :8], v.new_zeros(v.shape[0], v.shape[1], 300), src, dst)
 
 

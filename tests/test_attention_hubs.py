@@ -47,9 +47,9 @@ def test_index_to_ptr(device, index_dtype):
     ptr = edgedot.index_to_ptr(idx, 7)
     assert ptr.tolist() == [0, 2, 2, 5, 5, 5, 6, 6]
     assert edgedot.index_to_ptr(idx[:0], 3).tolist() == [0, 0, 0, 0]
-    with pytest.raises(TypeError, match="idx"):
+    with raises_checked(TypeError, match="idx"):
         edgedot.index_to_ptr(idx.float(), 7)
-    with pytest.raises(ValueError, match="num_rows"):
+    with raises_checked(ValueError, match="num_rows"):
         edgedot.index_to_ptr(idx, -1)
 
 
@@ -106,13 +106,13 @@ def test_dst_ptr_errors(device):
     def call(p, d=dst, **kwargs):
         return edgedot.graph_attention(q, k, v, src, d, dst_ptr=p, **kwargs)
 
-    with pytest.raises(TypeError, match="dst_ptr"):
+    with raises_checked(TypeError, match="dst_ptr"):
         call(ptr.float())
-    with pytest.raises(TypeError, match="dst_ptr"):
+    with raises_checked(TypeError, match="dst_ptr"):
         call([0] * 11)
-    with pytest.raises(ValueError, match="dst_ptr"):
+    with raises_checked(ValueError, match="dst_ptr"):
         call(ptr[:-1])
-    with pytest.raises(ValueError, match="dst_ptr"):
+    with raises_checked(ValueError, match="dst_ptr"):
         call(ptr[None])
     bad = ptr.clone()
     bad[-1] -= 1  # ends before E: the last edge would be dropped
@@ -130,7 +130,7 @@ def test_dst_ptr_errors(device):
     with raises_checked(ValueError, match="dst_ptr disagrees with dst_idx"):
         call(ptr, shuffled)
     plan = edgedot.EdgePlan(src, dst, 20, 10)
-    with pytest.raises(ValueError, match="plan or dst_ptr"):
+    with raises_checked(ValueError, match="plan or dst_ptr"):
         call(ptr, plan=plan)
     # The CPU checks whatever check_indices says.
     if device == "cpu":

@@ -8,7 +8,7 @@ import torch
 import edgedot
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from utils import DEVICES, gen, rand_feat, rand_index, rel_error, requires_cuda
+from utils import DEVICES, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -156,7 +156,7 @@ def test_key_mixes_seed_and_offset():
     ((True, 2), TypeError, "rng_state must be"),
 ])
 def test_dropout_keep_bad_state(bad, error, pattern):
-    with pytest.raises(error, match=pattern):
+    with raises_checked(error, match=pattern):
         dropout_keep(bad, 10, 2, 0.5)
 
 
@@ -165,7 +165,7 @@ def test_dropout_keep_bad_state(bad, error, pattern):
     (dict(p=1.5), ValueError, "p must lie"), (dict(p=True), TypeError, "p must be")])
 def test_dropout_keep_bad_arguments(kwargs, error, pattern):
     args = dict(rng_state=(1, 0), num_edges=10, heads=2, p=0.5) | kwargs
-    with pytest.raises(error, match=pattern):
+    with raises_checked(error, match=pattern):
         dropout_keep(**args)
 
 
@@ -178,26 +178,26 @@ def meta_inputs():
 
 def test_generator_of_another_device():
     q, k, v, ef, src, dst = meta_inputs()
-    with pytest.raises(ValueError, match="generator is on cpu but the inputs are on meta"):
+    with raises_checked(ValueError, match="generator is on cpu but the inputs are on meta"):
         edgedot.graph_attention(q, k, v, src, dst, dropout_p=0.5, generator=torch.Generator())
-    with pytest.raises(ValueError, match="generator is on cpu but the inputs are on cuda:0"):
+    with raises_checked(ValueError, match="generator is on cpu but the inputs are on cuda:0"):
         dropout.check_generator(torch.Generator(), torch.device("cuda", 0))
-    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+    with raises_checked(TypeError, match="generator must be a torch.Generator"):
         dropout.check_generator("cpu", "cpu")
-    with pytest.raises(ValueError, match="generator is on cpu"):
+    with raises_checked(ValueError, match="generator is on cpu"):
         next_dropout_state("meta", torch.Generator())
 
 
 def test_op_checks_generator():
     q, k, v, ef, src, dst = meta_inputs()
-    with pytest.raises(ValueError, match="generator is on cpu"):
+    with raises_checked(ValueError, match="generator is on cpu"):
         OP(*op_args(q, k, v, ef, src, dst, 0.5, torch.Generator()))
 
 
 def test_backward_needs_state():
     q, k, v, ef, src, dst = inputs("cpu")
     out, lse, _, _ = OP(*op_args(q, k, v, ef, src, dst, 0.5, None))
-    with pytest.raises(ValueError, match="rng_state"):
+    with raises_checked(ValueError, match="rng_state"):
         backward(q, k, v, ef, src, dst, out, lse, 0.5, None, torch.ones_like(out))
 
 
@@ -273,10 +273,10 @@ def test_cuda_mask_equals_public_reproduction():
 @requires_cuda
 def test_cuda_generator_of_another_device():
     q, k, v, ef, src, dst = inputs("cuda", dtype=torch.float32)
-    with pytest.raises(ValueError, match="generator is on cpu but the inputs are on cuda"):
+    with raises_checked(ValueError, match="generator is on cpu but the inputs are on cuda"):
         edgedot.graph_attention(q, k, v, src, dst, dropout_p=0.5, generator=torch.Generator())
     cpu = [t.cpu() for t in (q, k, v, src, dst)]
-    with pytest.raises(ValueError, match="generator is on cuda:0 but the inputs are on cpu"):
+    with raises_checked(ValueError, match="generator is on cuda:0 but the inputs are on cpu"):
         edgedot.graph_attention(*cpu, dropout_p=0.5, generator=torch.Generator("cuda"))
 
 

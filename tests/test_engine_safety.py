@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import gen, requires_cuda
+from utils import gen, raises_checked, requires_cuda
 
 OPS = ("graph_attention", "gat_attention", "gatv2_attention")
 
@@ -43,7 +43,7 @@ def test_crafted_pointer_unchecked_is_nan_not_a_bad_read(op):
     out.sum().backward()
     torch.cuda.synchronize()
     assert torch.isnan(out).all()
-    with pytest.raises(ValueError, match="dst_ptr"):
+    with raises_checked(ValueError, match="dst_ptr"):
         getattr(edgedot, op)(*inputs, src, dst, dst_ptr=ptr)
 
 
@@ -108,5 +108,5 @@ def test_rows_at_the_int32_limit_are_refused(op):
         args = (wide(3, 1, 4), wide(3, 1), wide(rows, 1))
     else:
         args = (wide(3, 1, 4), wide(rows, 1, 4), wide(1, 4))
-    with pytest.raises(ValueError, match="rows|nodes"):
+    with raises_checked(ValueError, match="rows|nodes"):
         getattr(edgedot, op)(*args, src, dst)

@@ -78,7 +78,7 @@ def _ids(device="cpu"):
 def test_bad_inputs(device, case):
     _, args, exc, names = next(c for c in _cases(device) if c[0] == case)
     before = {k: v.clone() for k, v in args.items()}
-    with pytest.raises(exc, match=names[0]) as info:
+    with raises_checked(exc, match=names[0]) as info:
         _call(args)
     for name in names:
         assert name in str(info.value), f"message does not name {name}: {info.value}"
@@ -88,16 +88,16 @@ def test_bad_inputs(device, case):
         torch.cuda.synchronize()
         check_forward(**_good(device))  # the context is still usable
     # The same error through the module and with a plan-free deterministic call.
-    with pytest.raises(exc, match=names[0]):
+    with raises_checked(exc, match=names[0]):
         edgedot.nn.EdgeDot(deterministic=True)(args["src_feat"], args["dst_feat"], args["src_idx"], args["dst_idx"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_not_tensors(device):
     a = _good(device)
-    with pytest.raises(TypeError, match="src_feat"):
+    with raises_checked(TypeError, match="src_feat"):
         _call(_with(a, src_feat=a["src_feat"].tolist()))
-    with pytest.raises(TypeError, match="dst_idx"):
+    with raises_checked(TypeError, match="dst_idx"):
         _call(_with(a, dst_idx=a["dst_idx"].tolist()))
 
 
@@ -124,7 +124,7 @@ def test_mixed_devices_via_meta():
     a = _good("cpu")
     for name in ("src_feat", "dst_feat", "src_idx", "dst_idx"):
         bad = _with(a, **{name: a[name].to("meta")})
-        with pytest.raises(ValueError, match=name):
+        with raises_checked(ValueError, match=name):
             _call(bad)
 
 
@@ -135,11 +135,11 @@ def test_plan_of_wrong_graph_size(device):
     for bad in (edgedot.EdgePlan(a["src_idx"][:-1], a["dst_idx"][:-1], NUM_SRC, NUM_DST),
                 edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC + 1, NUM_DST),
                 edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST + 1)):
-        with pytest.raises(ValueError, match="plan"):
+        with raises_checked(ValueError, match="plan"):
             _call(a, plan=bad)
     # Swapped sides (num_src and num_dst exchanged) are a size mismatch too.
     swapped = edgedot.EdgePlan(a["dst_idx"], a["dst_idx"], NUM_DST, NUM_DST)
-    with pytest.raises(ValueError, match="plan"):
+    with raises_checked(ValueError, match="plan"):
         _call(a, plan=swapped)
     # And the right plan works.
     check_forward(**a, plan=plan)
@@ -151,7 +151,7 @@ def test_unknown_gradient_reduction(device):
     row, other = rand_feat((6, 4), device=device, g=g), rand_feat((5, 4), device=device, g=g)
     row_idx, other_idx = rand_index(6, 9, device=device, g=g), rand_index(5, 9, device=device, g=g)
     grad_out = rand_feat((9,), device=device, g=g)
-    with pytest.raises(ValueError, match="unknown reduction 'fastest'"):
+    with raises_checked(ValueError, match="unknown reduction 'fastest'"):
         torch.ops.edgedot.edge_dot_grad(grad_out, row, other, row_idx, other_idx, None, "fastest")
 
 
@@ -163,11 +163,11 @@ def test_edge_plan_bad_inputs(device):
         edgedot.EdgePlan(_bad_index(s, 0, NUM_SRC), d, NUM_SRC, NUM_DST)
     with raises_checked(IndexError, match="dst_idx"):
         edgedot.EdgePlan(s, _bad_index(d, 0, -1), NUM_SRC, NUM_DST)
-    with pytest.raises(ValueError, match="src_idx|dst_idx"):
+    with raises_checked(ValueError, match="src_idx|dst_idx"):
         edgedot.EdgePlan(s, d[:-1], NUM_SRC, NUM_DST)
-    with pytest.raises(TypeError, match="src_idx"):
+    with raises_checked(TypeError, match="src_idx"):
         edgedot.EdgePlan(s.float(), d, NUM_SRC, NUM_DST)
-    with pytest.raises(ValueError, match="dst_idx"):
+    with raises_checked(ValueError, match="dst_idx"):
         edgedot.EdgePlan(s, d.reshape(2, -1), NUM_SRC, NUM_DST)
 
 
@@ -178,7 +178,7 @@ def test_edge_plan_bad_inputs(device):
 def test_cuda_mixed_devices():
     a = _good("cuda")
     for name in ("src_feat", "dst_feat", "src_idx", "dst_idx"):
-        with pytest.raises(ValueError, match=name):
+        with raises_checked(ValueError, match=name):
             _call(_with(a, **{name: a[name].cpu()}))
     torch.cuda.synchronize()
     check_forward(**a)
@@ -188,7 +188,7 @@ def test_cuda_mixed_devices():
 def test_cuda_plan_on_wrong_device():
     a = _good("cuda")
     plan = edgedot.EdgePlan(a["src_idx"].cpu(), a["dst_idx"].cpu(), NUM_SRC, NUM_DST)
-    with pytest.raises(ValueError, match="plan"):
+    with raises_checked(ValueError, match="plan"):
         _call(a, plan=plan)
     check_forward(**a, plan=plan.to("cuda"))
 
@@ -309,10 +309,10 @@ def test_cuda_second_device():
 def test_cuda_devices_mixed():
     a = _good("cuda:0")
     for name in ("dst_feat", "src_idx", "dst_idx"):
-        with pytest.raises(ValueError, match=name):
+        with raises_checked(ValueError, match=name):
             _call(_with(a, **{name: a[name].to("cuda:1")}))
     plan = edgedot.EdgePlan(a["src_idx"], a["dst_idx"], NUM_SRC, NUM_DST).to("cuda:1")
-    with pytest.raises(ValueError, match="plan"):
+    with raises_checked(ValueError, match="plan"):
         _call(a, plan=plan)
 
 
@@ -524,7 +524,7 @@ def test_flags_and_plan_of_the_wrong_type(device, grad):
     bad = [("deterministic", "yes"), ("deterministic", 1), ("check_indices", "yes"), ("check_indices", None),
            ("check_indices", 1), ("plan", "yes")]
     for name, value in bad:
-        with pytest.raises(TypeError, match=name):
+        with raises_checked(TypeError, match=name):
             _call(a, **{name: value})
     g = gen(8)
     q, k, v = (rand_feat((n, 2, DIM), torch.float32, device, g, requires_grad=grad)
@@ -537,10 +537,10 @@ def test_flags_and_plan_of_the_wrong_type(device, grad):
            "gatv2_attention": lambda **kw: edgedot.gatv2_attention(k, q, att, src_idx, dst_idx, **kw)}
     for op, call in ops.items():
         for name, value in bad[2:] + [("return_attention", "yes")] + bad[:2] * (op == "graph_attention"):
-            with pytest.raises(TypeError, match=name):
+            with raises_checked(TypeError, match=name):
                 call(**{name: value})
         if op != "graph_attention":
-            with pytest.raises(TypeError, match="deterministic"):
+            with raises_checked(TypeError, match="deterministic"):
                 call(deterministic=True)
 
 
@@ -562,10 +562,10 @@ def test_layer_edge_attr_of_the_wrong_length(device, kind, loops):
                               rand_index(NUM_SRC, NUM_EDGES, torch.int64, device, g)])
     for rows in (NUM_EDGES - 1, NUM_EDGES + 3):
         edge_attr = rand_feat((rows, 3), torch.float32, device, g)
-        with pytest.raises(ValueError, match="edge_attr"):
+        with raises_checked(ValueError, match="edge_attr"):
             layer(x, edge_index, edge_attr)
         handle = layer.register_message_forward_hook(lambda module, inputs, output: None)
-        with pytest.raises(ValueError, match="edge_attr"):
+        with raises_checked(ValueError, match="edge_attr"):
             layer(x, edge_index, edge_attr)
         handle.remove()
     layer(x, edge_index, rand_feat((NUM_EDGES, 3), torch.float32, device, g))  # the right length runs

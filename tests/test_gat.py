@@ -427,7 +427,7 @@ def test_op_dropout_state_errors(kind):
     assert torch.Tag.nondeterministic_seeded in kind.op.tags
     feats, src, dst = kind.make(edge=True)
     out, lse, _, _ = kind.op(*feats, src, dst, *(None,) * 4, 0.2, 0.5, None, False, True)
-    with pytest.raises(ValueError, match="rng_state"):
+    with raises_checked(ValueError, match="rng_state"):
         _op_backward(kind, feats, src, dst, out, lse, 0.5, None, torch.ones_like(out))
 
 
@@ -477,11 +477,11 @@ def test_dst_ptr_errors(kind, device):
     def call(p, d=dst, **kwargs):
         return kind.call(kind.fn, feats, src, d, dst_ptr=p, **kwargs)
 
-    with pytest.raises(TypeError, match="dst_ptr"):
+    with raises_checked(TypeError, match="dst_ptr"):
         call(ptr.float())
-    with pytest.raises(TypeError, match="dst_ptr"):
+    with raises_checked(TypeError, match="dst_ptr"):
         call([0] * 31)
-    with pytest.raises(ValueError, match="dst_ptr"):
+    with raises_checked(ValueError, match="dst_ptr"):
         call(ptr[:-1])
     bad = ptr.clone()
     bad[-1] -= 1
@@ -490,7 +490,7 @@ def test_dst_ptr_errors(kind, device):
     shuffled = dst[torch.randperm(60, generator=gen(6)).to(device)]
     with raises_checked(ValueError, match="dst_ptr disagrees with dst_idx"):
         call(ptr, shuffled)
-    with pytest.raises(ValueError, match="plan or dst_ptr"):
+    with raises_checked(ValueError, match="plan or dst_ptr"):
         call(ptr, plan=edgedot.EdgePlan(src, dst, 40, 30))
     if device == "cpu":  # the CPU checks whatever check_indices says
         with raises_checked(ValueError, match="dst_ptr disagrees"):
@@ -722,7 +722,7 @@ def _check_bad(kind, device, case):
     args = dict(zip(kind.names, feats), src_idx=src, dst_idx=dst)
     change(args)
     names = kind.names
-    with pytest.raises(error, match=pattern):
+    with raises_checked(error, match=pattern):
         kind.fn(args.pop(names[0]), args.pop(names[1]), args.pop(names[2]), **args)
 
 
@@ -949,7 +949,7 @@ def test_cuda_graph_replays_draw_new_masks(kind):
 @kinds
 def test_cuda_channel_limit(kind):
     feats, src, dst = kind.make(device="cuda", dim=257)
-    with pytest.raises(ValueError, match="at most 256"):
+    with raises_checked(ValueError, match="at most 256"):
         kind.call(kind.fn, feats, src, dst)
 
 

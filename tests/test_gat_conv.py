@@ -453,13 +453,13 @@ def test_to_hetero_matches_pyg(kind):
 def test_bad_inputs():
     x = (torch.randn(10, 4), torch.randn(8, 6))
     edge_index = torch.tensor([[0, 1], [1, 2]])
-    with pytest.raises(ValueError, match="without edge_dim"):
+    with raises_checked(ValueError, match="without edge_dim"):
         edgedot.nn.GATv2Conv((4, 6), 5)(x, edge_index, torch.randn(2, 3))
-    with pytest.raises(ValueError, match=r"x\[1\]"):
+    with raises_checked(ValueError, match=r"x\[1\]"):
         edgedot.nn.GATv2Conv((4, 6), 5)((x[0], None), edge_index)
-    with pytest.raises(ValueError, match="x must be"):
+    with raises_checked(ValueError, match="x must be"):
         edgedot.nn.GATConv(4, 5)(torch.randn(2, 3, 4), edge_index)
-    with pytest.raises(TypeError, match="edge_index"):
+    with raises_checked(TypeError, match="edge_index"):
         edgedot.nn.GATConv((4, 6), 5, add_self_loops=False)(x, [[0, 1], [1, 2]])
     with raises_checked(IndexError, match=r"edge_index\[1\]"):
         edgedot.nn.GATConv((4, 6), 5, add_self_loops=False)(x, torch.tensor([[0, 1], [1, 8]]))

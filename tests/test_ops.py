@@ -230,7 +230,7 @@ def test_inner_product_decoder_grad(device):
 @pytest.mark.parametrize("bad_shape", [(3, 10), (10,), (2, 5, 1)])
 def test_inner_product_decoder_rejects_bad_edge_index(bad_shape):
     z = rand_feat((10, 4))
-    with pytest.raises(ValueError, match="edge_index"):
+    with raises_checked(ValueError, match="edge_index"):
         edgedot.nn.InnerProductDecoder()(z, torch.zeros(bad_shape, dtype=torch.long))
 
 

@@ -219,13 +219,13 @@ def test_repr_and_bad_inputs():
     assert repr(ours) == repr(theirs)
     x = (torch.randn(10, 4), torch.randn(8, 6))
     edge_index = torch.tensor([[0, 1], [1, 2]])
-    with pytest.raises(ValueError, match="edge_index"):
+    with raises_checked(ValueError, match="edge_index"):
         ours(x, edge_index[0], torch.randn(2, 3))
-    with pytest.raises(TypeError, match="edge_index"):
+    with raises_checked(TypeError, match="edge_index"):
         ours(x, [[0, 1], [1, 2]], torch.randn(2, 3))
-    with pytest.raises(ValueError, match="edge_attr is required"):
+    with raises_checked(ValueError, match="edge_attr is required"):
         ours(x, edge_index)
-    with pytest.raises(ValueError, match="without edge_dim"):
+    with raises_checked(ValueError, match="without edge_dim"):
         edgedot.nn.TransformerConv((4, 6), 5)(x, edge_index, torch.randn(2, 3))
     with raises_checked(IndexError, match=r"edge_index\[1\]"):
         ours(x, torch.tensor([[0, 1], [1, 8]]), torch.randn(2, 3))

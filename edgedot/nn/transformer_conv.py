@@ -49,6 +49,10 @@ class TransformerConv(Projections, MessagePassing):
     any of them has hooks (or global module hooks exist) or is not a plain ``Linear`` (an
     adapter, a subclass); otherwise they run as one GEMM on one input tensor.
 
+    Under CUDA autocast the attention runs in float32 on projections rounded to the autocast
+    dtype, and the output is float32, as in PyG's layer (autocast runs its ``sum`` and ``exp`` in
+    float32).
+
     The fused kernel runs unless PyG's exact path is needed: under TorchScript on a sparse
     adjacency (a ``[2, E]`` one runs the eager module's op, bit for bit), in explain mode
     (GNNExplainer's edge masks get their gradients), with message-passing hooks (e.g.
@@ -194,6 +198,12 @@ class TransformerConv(Projections, MessagePassing):
         if edge_attr is None and self.lin_edge is not None:
             edge_attr = adj.edge_attr
         query, key, value, edge_feat = self._project(x_src, x_dst, edge_attr)
+        if query.is_cuda and torch.is_autocast_enabled("cuda"):
+            # PyG's attention under CUDA autocast is float32 (autocast runs sum and exp in float32,
+            # and the messages promote): the projections come rounded to the autocast dtype, the
+            # attention and the output are float32.
+            query, key, value = query.float(), key.float(), value.float()
+            edge_feat = None if edge_feat is None else edge_feat.float()
         want_alpha = isinstance(return_attention_weights, bool)
         out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat,
                               dropout_p=self.dropout if self.training else 0.0, plan=plan,

@@ -56,8 +56,10 @@ def agnn_attention(x, beta, src_idx, dst_idx, *, plan=None, dst_ptr=None, check_
             (:func:`edgedot.index_to_ptr`); no sort in the forward. Checked against ``dst_idx``
             as in :func:`edgedot.graph_attention` (``ValueError`` naming ``dst_ptr``). Not
             together with ``plan``.
-        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range
-            (on CUDA one wait for a graph not seen before; the CPU always checks).
+        check_indices: raise ``IndexError`` naming the index tensor if an index is out of range,
+            as :func:`edgedot.graph_attention` does (on CUDA without a wait for the device: the
+            error is raised by a later edgedot call, at the latest by
+            :func:`edgedot.wait_for_checks`; the CPU checks during the call).
         return_attention: also return ``alpha`` (not differentiable): ``[E, H]``, or ``[E]`` for
             a 2-D ``x``.
 

@@ -306,7 +306,7 @@ def _lse_dtype(dtype):
 
 def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
     # Offsets without a grouping are graph_attention's dst_ptr: checked with the ranges, in one
-    # pass and at most one wait for the device.
+    # pass (on CUDA on the device, read back later).
     dst_ptr = dst_offsets if dst_group is None else None
     check_graph(src_idx, k.shape[0], dst_idx, q.shape[0], dst_ptr)
 
