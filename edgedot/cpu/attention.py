@@ -13,6 +13,9 @@ from ..runtime import dropout
 
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 18
+# Scores ([E, H]) the forward keeps from its first pass for its second, rather than computing them
+# again, up to this many elements (the chunks bound the memory of larger graphs).
+KEPT_SCORE_ELEMENTS = 1 << 25
 
 def acc_dtype(dtype):
     """The accumulation dtype: float64 for float64, float32 for everything else."""
@@ -72,17 +75,22 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
     def rows(start, stop):
         return _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
 
+    kept_scores = [] if num_edges * heads <= KEPT_SCORE_ELEMENTS else None
     top = torch.full((num_dst, heads), float("-inf"), dtype=acc)
     for start, stop in chunks:
         src, dst = rows(start, stop)
-        top.scatter_reduce_(0, dst.long()[:, None].expand(-1, heads), score(start, stop, src, dst), "amax")
+        scores = score(start, stop, src, dst)
+        top.scatter_reduce_(0, dst.long()[:, None].expand(-1, heads), scores, "amax")
+        if kept_scores is not None:
+            kept_scores.append(scores)
 
     total = torch.zeros((num_dst, heads), dtype=acc)
     weighted = torch.zeros((num_dst, heads, dim_v), dtype=acc)
     alpha = torch.empty((num_edges, heads), dtype=acc) if return_attention else None
-    for start, stop in chunks:
+    for chunk, (start, stop) in enumerate(chunks):
         src, dst = rows(start, stop)
-        weight = torch.exp(score(start, stop, src, dst) - top.index_select(0, dst))
+        scores = kept_scores[chunk] if kept_scores is not None else score(start, stop, src, dst)
+        weight = torch.exp(scores - top.index_select(0, dst))
         total.index_add_(0, dst, weight)
         if alpha is not None:
             alpha[start:stop] = weight

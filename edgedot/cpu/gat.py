@@ -4,18 +4,20 @@ is in edge order (deterministic). The backward recomputes the scores from the sa
 """
 
 import torch
+import torch.nn.functional as F
 
 from .attention import _gather, acc_dtype, softmax_forward, softmax_grads
 
 
 def _leaky_relu(z, slope):
-    # z > 0 ? z : slope * z, as the kernels write it (NaN stays NaN).
-    return torch.where(z > 0, z, z * slope)
+    # z > 0 ? z : slope * z, as the kernels write it (NaN stays NaN), in one pass.
+    return F.leaky_relu(z, slope)
 
 
 def _slope_grad(grad, z, slope):
-    """``grad * leaky_relu'(z)``, the derivative taken as ``slope`` at 0."""
-    return torch.where(z > 0, grad, grad * slope)
+    """``grad * leaky_relu'(z)``, the derivative taken as ``slope`` at 0 (z > 0 ? grad : grad *
+    slope, in one pass)."""
+    return torch.ops.aten.leaky_relu_backward(grad, z, slope, False)
 
 
 def _values(x, acc):
@@ -35,14 +37,16 @@ def _gat_score(a_src, a_dst, a_edge, slope, acc):
 
 
 def _gatv2_score(x_src, x_dst, att, edge_feat, slope, acc):
-    """Chunk scores ``<att, leaky_relu(m)>`` and ``m = x_src[s] + x_dst[n] + edge_feat[e]``."""
+    """Chunk scores ``<att, leaky_relu(m)>`` and ``(m, leaky_relu(m))``, ``m = x_src[s] + x_dst[n]
+    + edge_feat[e]``."""
     att = att.to(acc).contiguous()  # its layout would steer the order of the sum over channels
 
     def score(start, stop, src, dst):
-        m = _gather(x_src, src, acc) + _gather(x_dst, dst, acc)
+        m = _gather(x_src, src, acc).add_(_gather(x_dst, dst, acc))
         if edge_feat is not None:
-            m = m + edge_feat[start:stop].to(acc)
-        return (att * _leaky_relu(m, slope)).sum(-1), m
+            m += edge_feat[start:stop].to(acc)
+        act = _leaky_relu(m, slope)
+        return (act * att).sum(-1), (m, act)
     return score
 
 
@@ -112,13 +116,13 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
     datt = torch.zeros((heads, dim), dtype=acc)
     d_edge_feat = x_src.new_empty((src_idx.shape[0], heads, dim) if edge_feat_grad else (0,))
     score = _gatv2_score(x_src, x_dst, att, edge_feat, negative_slope, acc)
-    for start, stop, src, dst, ds, dead, kept, grads, m in softmax_grads(
+    for start, stop, src, dst, ds, dead, kept, grads, (m, act) in softmax_grads(
             grad_out, out, lse.to(acc), score, _values(x_src, acc), src_idx, dst_idx, dim, dropout_p, key):
         if dead.any():
-            m = m.masked_fill(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
+            act = act.masked_fill(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
         dm = _slope_grad(ds[..., None] * att_acc, m, negative_slope)
         # Summed per chunk, chunks in order: deterministic.
-        datt += (ds[..., None] * _leaky_relu(m, negative_slope)).sum(0)
+        datt += (ds[..., None] * act).sum(0)
         dx_dst.index_add_(0, dst, dm)
         if src_grad:
             dx_src.index_add_(0, src, kept[..., None] * grads + dm)
