@@ -112,12 +112,13 @@ def test_quick_run_attention_edgedot(quick_report):
 
 def test_case_selection():
     names = [case.name for case in select_cases(None, quick=False)]
+    minibatches = ["minibatch_f32", "minibatch_fan5_f32", "minibatch_fan25_f32", "minibatch_bf16"]
     gat_names = [f"{conv}_{graph}" for conv in ("gat", "gatv2")
-                 for graph in ("products_bf16", "rmat20_bf16", "uniform20_bf16", "minibatch_f32")]
-    assert names[0] == "default" and names[-17:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+                 for graph in ["products_bf16", "rmat20_bf16", "uniform20_bf16"] + minibatches]
+    assert names[0] == "default" and names[-26:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
                                                      "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
-                                                     "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16",
-                                                     "attn_minibatch_f32"] + gat_names
+                                                     "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16"] + \
+        [f"attn_{name}" for name in minibatches] + gat_names
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
     with pytest.raises(SystemExit, match="unknown case"):

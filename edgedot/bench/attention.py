@@ -52,6 +52,20 @@ class AttentionCase:
         return fields
 
 
+# Sampled mini-batches (PyG's NeighborLoader: 16,384 seeds, each with `fanout` in-edges from any of
+# 180,224 nodes), a new graph every call: fan-outs 5, 10 and 25 in float32, and 10 in bfloat16.
+SEEDS = 16_384
+
+
+def minibatch(fanout, dtype):
+    """The shape of a sampled mini-batch case of ``fanout`` in-edges a seed."""
+    return dict(num_nodes=SEEDS * 11, num_edges=SEEDS * fanout, dtype=dtype, graph="minibatch", seeds=SEEDS,
+                fresh_graph=True)
+
+
+MINIBATCHES = {"minibatch_f32": minibatch(10, torch.float32), "minibatch_fan5_f32": minibatch(5, torch.float32),
+               "minibatch_fan25_f32": minibatch(25, torch.float32), "minibatch_bf16": minibatch(10, torch.bfloat16)}
+
 ARXIV = dict(num_nodes=169_343, num_edges=1_166_243)
 ATTENTION_CASES = [
     AttentionCase("attn_arxiv_f32", **ARXIV, dtype=torch.float32, target_forward_us=450,
@@ -66,9 +80,7 @@ ATTENTION_CASES = [
     AttentionCase("attn_arxiv_hub_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16,
                   graph="hub", hub_edges=2_000_000, twin="attn_arxiv_3m_bf16"),
     AttentionCase("attn_arxiv_3m_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16),
-    AttentionCase("attn_minibatch_f32", 16_384 * 11, 16_384 * 10, torch.float32, graph="minibatch", seeds=16_384,
-                  fresh_graph=True),
-]
+] + [AttentionCase(f"attn_{name}", **shape) for name, shape in MINIBATCHES.items()]
 
 # Power-law graphs against the uniform graph of the same size (``twin``), edgedot's paths.
 MAX_POWER_LAW_VS_UNIFORM = 1.3

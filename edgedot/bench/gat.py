@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import edgedot
 
-from .attention import AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
+from .attention import MINIBATCHES, AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
 from .attention_check import masked, sampled_subgraph, summed_rows
 from .cases import GAT_FORWARD, GAT_FORWARD_BACKWARD, TOLERANCE, rotating_sets
 from .timing import NotApplicable, progress, run_section
@@ -47,8 +47,6 @@ class GATCase(AttentionCase):
 
 PRODUCTS = dict(num_nodes=2_449_029, num_edges=30_000_000, dtype=torch.bfloat16)
 RMAT20 = dict(num_nodes=2**20, num_edges=8 * 2**20, dtype=torch.bfloat16)
-MINIBATCH = dict(num_nodes=16_384 * 11, num_edges=16_384 * 10, dtype=torch.float32, graph="minibatch", seeds=16_384,
-                 fresh_graph=True)
 GAT_CASES = [
     case
     for conv in ("gat", "gatv2")
@@ -56,7 +54,7 @@ GAT_CASES = [
         GATCase(f"{conv}_products_bf16", **PRODUCTS, conv=conv),
         GATCase(f"{conv}_rmat20_bf16", **RMAT20, graph="rmat", twin=f"{conv}_uniform20_bf16", conv=conv),
         GATCase(f"{conv}_uniform20_bf16", **RMAT20, conv=conv),
-        GATCase(f"{conv}_minibatch_f32", **MINIBATCH, conv=conv),
+        *(GATCase(f"{conv}_{name}", **shape, conv=conv) for name, shape in MINIBATCHES.items()),
     )
 ]
 
