@@ -1,5 +1,6 @@
 """Argument checks shared by every implementation; each error names the offending argument."""
 
+import threading
 import weakref
 
 import torch
@@ -293,26 +294,30 @@ class DeferredChecks:
 
     def __init__(self):
         self._pending = []
+        self._lock = threading.Lock()  # threads may call ops at once
 
     def submit(self, flags, records, graph):
         """Queues the read-back of ``flags`` (the device's, of a check just launched); ``records``:
         (memo, record) pairs committed for it; ``graph``: :func:`check_graph`'s tensors and names."""
         host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-        host.copy_(flags, non_blocking=True)
+        host.copy_(flags, non_blocking=True)  # on the current stream of the flags' device
         done = torch.cuda.Event()
-        done.record()
-        self._pending.append((done, host, records, graph))
+        done.record(torch.cuda.current_stream(flags.device))
+        with self._lock:
+            self._pending.append((done, host, records, graph))
 
     def raise_found(self, wait=False):
         """Settles every finished check (every pending one with ``wait``); raises the first error.
         Nothing during CUDA-graph capture, which forbids looking at events."""
         if not self._pending or torch.cuda.is_current_stream_capturing():
             return
-        finished, waiting = [], []
-        for check in self._pending:
-            if wait:
-                check[0].synchronize()
-            (finished if wait or check[0].query() else waiting).append(check)
+        with self._lock:
+            finished, waiting = [], []
+            for check in self._pending:
+                if wait:
+                    check[0].synchronize()
+                (finished if wait or check[0].query() else waiting).append(check)
+            self._pending = waiting
         failed = []
         for _, host, records, graph in finished:
             flags = sum(1 << k for k, bit in enumerate(host.tolist()) if bit)
@@ -320,7 +325,6 @@ class DeferredChecks:
                 for memo, record in records:
                     memo.retract(record)
                 failed.append((flags, graph))
-        self._pending = waiting
         if failed:
             flags, graph = failed[0]
             _raise_graph_error(flags, *graph, earlier=True)
@@ -330,7 +334,8 @@ class DeferredChecks:
 
     def discard(self):
         """Forgets every pending check, its verdict unread."""
-        self._pending = []
+        with self._lock:
+            self._pending = []
 
 
 deferred = DeferredChecks()
