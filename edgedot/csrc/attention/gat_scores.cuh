@@ -84,15 +84,15 @@ struct GatScore : GatFamily {
     using A = accum_t<T>;
     const int vecs;
     const A slope;
-    A ad, da_dst;  // da_dst: the same on every lane
-    A as[B], ae[B];
+    A logit_dst, da_dst;  // da_dst: the same on every lane
+    A logit_src[B], logit_edge[B];
     RawRow<T, VEC, NV> xr[B];
 
     __device__ __forceinline__ explicit Dst(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team&, int64_t n, int64_t h) {
-      ad = load_scalar<T>(in.a_dst, n, h);
+      logit_dst = load_scalar<T>(in.a_dst, n, h);
     }
     // The alpha pass needs no x rows: GAT's scores come from scalars.
     template <RowLoads kRows>
@@ -104,15 +104,15 @@ struct GatScore : GatFamily {
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         const bool ok = e[j].other >= 0;
-        as[j] = ok ? load_scalar<T>(in.a_src, e[j].other, h) : A(0);
-        if constexpr (kEdge) ae[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
+        logit_src[j] = ok ? load_scalar<T>(in.a_src, e[j].other, h) : A(0);
+        if constexpr (kEdge) logit_edge[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
       }
     }
 
     // z = (a_src + a_dst) + a_edge of edge j.
     __device__ __forceinline__ A logit(int j) const {
-      A z = as[j] + ad;
-      if constexpr (kEdge) z += ae[j];
+      A z = logit_src[j] + logit_dst;
+      if constexpr (kEdge) z += logit_edge[j];
       return z;
     }
     __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), slope); }
@@ -150,29 +150,29 @@ struct GatScore : GatFamily {
     const int vecs;
     const A slope;
     RawRow<T, VEC, NV> xs;
-    A as, da_src;  // da_src: the same on every lane
+    A logit_src, da_src;  // da_src: the same on every lane
     LaneRow<T, VEC, NV> dx;
-    A ad[B], ae[B];
+    A logit_dst[B], logit_edge[B];
 
     __device__ __forceinline__ explicit Src(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
       xs.load(row_head<T>(in.x, s, h), t, vecs);
-      as = load_scalar<T>(in.a_src, s, h);
+      logit_src = load_scalar<T>(in.a_src, s, h);
     }
     __device__ __forceinline__ void load(const Inputs& in, const Team&, const GroupedEdge (&e)[B], int64_t h) {
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         const bool ok = e[j].other >= 0;
-        ad[j] = ok ? load_scalar<T>(in.a_dst, e[j].other, h) : A(0);
-        if constexpr (kEdge) ae[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
+        logit_dst[j] = ok ? load_scalar<T>(in.a_dst, e[j].other, h) : A(0);
+        if constexpr (kEdge) logit_edge[j] = ok ? load_scalar<T>(in.a_edge, e[j].edge, h) : A(0);
       }
     }
     // The forward's (a_src + a_dst) + a_edge.
     __device__ __forceinline__ A logit(int j) const {
-      A z = as + ad[j];
-      if constexpr (kEdge) z += ae[j];
+      A z = logit_src + logit_dst[j];
+      if constexpr (kEdge) z += logit_edge[j];
       return z;
     }
     __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), slope); }

@@ -37,14 +37,14 @@ struct MergeState {
     for (int i = 0; i < kMergeCols; ++i) acc[i] = 0;
   }
 
-  // Adds a partial (ms, ls, cols) where cols[i] is column lane + 32 * i.
-  __device__ __forceinline__ void add(A ms, A ls, const A (&cols)[kMergeCols], int dim, int lane) {
+  // Adds a partial (chunk_max, chunk_sum, cols) where cols[i] is column lane + 32 * i.
+  __device__ __forceinline__ void add(A chunk_max, A chunk_sum, const A (&cols)[kMergeCols], int dim, int lane) {
     if constexpr (kSoftmax) {
-      if (!(ms == ms) || !(ls == ls)) bad = true;
-      if (!(ls > 0)) return;  // a chunk whose edges all scored -inf (or NaN, flagged above)
-      const A m_new = ms > m ? ms : m;
-      const A a = accurate_exp(m - m_new), b = accurate_exp(ms - m_new);  // a = 0 while m = -inf
-      l = l * a + ls * b;
+      if (!(chunk_max == chunk_max) || !(chunk_sum == chunk_sum)) bad = true;
+      if (!(chunk_sum > 0)) return;  // a chunk whose edges all scored -inf (or NaN, flagged above)
+      const A m_new = chunk_max > m ? chunk_max : m;
+      const A a = accurate_exp(m - m_new), b = accurate_exp(chunk_max - m_new);  // a = 0 while m = -inf
+      l = l * a + chunk_sum * b;
       m = m_new;
 #pragma unroll
       for (int i = 0; i < kMergeCols; ++i)
@@ -63,7 +63,7 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A*
                                             int64_t heads, int64_t h, int dim, int64_t first, int64_t last,
                                             int64_t offset, int64_t stride, int lane) {
   for (int64_t base = first + offset; base < last; base += kBatch * stride) {
-    A cols[kBatch][kMergeCols], ms[kBatch], ls[kBatch];
+    A cols[kBatch][kMergeCols], chunk_max[kBatch], chunk_sum[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t slot = base + b * stride;
@@ -72,15 +72,15 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A*
 #pragma unroll
       for (int i = 0; i < kMergeCols; ++i) cols[b][i] = has && lane + 32 * i < dim ? row[lane + 32 * i] : A(0);
       if constexpr (kSoftmax) {
-        ms[b] = has ? part_ml[2 * (slot * heads + h)] : static_cast<A>(-INFINITY);
-        ls[b] = has ? part_ml[2 * (slot * heads + h) + 1] : A(0);
+        chunk_max[b] = has ? part_ml[2 * (slot * heads + h)] : static_cast<A>(-INFINITY);
+        chunk_sum[b] = has ? part_ml[2 * (slot * heads + h) + 1] : A(0);
       } else {
-        ms[b] = ls[b] = 0;
+        chunk_max[b] = chunk_sum[b] = 0;
       }
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b)
-      if (base + b * stride < last) s.add(ms[b], ls[b], cols[b], dim, lane);
+      if (base + b * stride < last) s.add(chunk_max[b], chunk_sum[b], cols[b], dim, lane);
   }
 }
 
