@@ -247,7 +247,8 @@ class Adjacency(NamedTuple):
     (``dst[dst_ptr[n]:dst_ptr[n + 1]] == n``), else None.
     ``edge_attr``: the edge features the input carries (values of a ``SparseTensor``, or of a
     hybrid ``torch.sparse`` tensor), used where no ``edge_attr`` is passed, as PyG does; or None.
-    ``checked``: whether ``src`` and ``dst`` are known to lie in range (the kernel need not check).
+    ``checked``: whether the layer checked ``src`` and ``dst`` itself (the kernel need not; on CUDA
+    the verdict may still be on its way, raised by a later call).
     """
     src: torch.Tensor
     dst: torch.Tensor
