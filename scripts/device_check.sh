@@ -5,13 +5,15 @@
 # ./device_out).
 #
 #   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel ab
-#                                            (default: all but wheel and ab, in that order)
+#                                            profile (default: all but wheel, ab and profile, in
+#                                            that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
 # (about 8 minutes: build 45 s, tests on 4 workers, sanitizers 2), then `bench` (about 8 minutes
 # with BENCH_ARGS="--reps-scale 0.25"). BENCH_ARGS passes options to the benchmark, PYTEST_ARGS
-# to pytest.
+# to pytest, PYTEST_TARGETS the test files (default: tests), PROFILE_ARGS to
+# scripts/profile_minibatch.py.
 #
 # `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
 # minutes: scripts/build_wheel.sh builds it (about 2 minutes for sm_80 and sm_90 on 16 cores), a
@@ -101,9 +103,17 @@ for stage in $stages; do
     build)
       python3 -c "from edgedot.runtime.build import cuda_module; cuda_module()" ;;
     tests)
-      # Workers share the GPU; no test depends on another's timing.
-      python3 -m pytest -q tests -p no:cacheprovider -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} 2>&1 \
-        | tee "$OUT/pytest.log" | tail -n 15 ;;
+      # Workers share the GPU; no test depends on another's timing. Each result is logged as it
+      # comes (-v), so a run cut short by the call's time limit still names its failures.
+      # shellcheck disable=SC2086
+      python3 -m pytest -v ${PYTEST_TARGETS:-tests} -p no:cacheprovider -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} \
+        > "$OUT/pytest.log" 2>&1
+      grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
+      tail -n 1 "$OUT/pytest.log" ;;
+    profile)
+      # A training step on fresh mini-batches: kernels, device time and host waits per call.
+      python3 scripts/profile_minibatch.py --kernels --json "$OUT/profile.json" ${PROFILE_ARGS:-} 2>&1 \
+        | grep -v -i warn | tee "$OUT/profile.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
         compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/sanitizer_workload.py 2>&1 \
