@@ -388,12 +388,12 @@ def test_op_checks_x_norm():
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 def test_cuda_matches_cpu_and_repeats(dtype, heads):
     """The CUDA kernels and the CPU path agree (to the accumulation's rounding), and repeated
-    CUDA calls are bitwise identical (poisoned memory in between), a chunked hub included; one
-    head and a 2-D ``x`` (the layer's) too."""
-    x, beta, src, dst = make(num_nodes=900, num_edges=6000, heads=heads, dim=32, dtype=dtype,
+    CUDA calls are bitwise identical (poisoned memory in between), a hub of more chunks than one
+    warp merges included; one head and a 2-D ``x`` (the layer's) too."""
+    x, beta, src, dst = make(num_nodes=900, num_edges=14_000, heads=heads, dim=32, dtype=dtype,
                              index_dtype=torch.int32)
     dst = dst.clone()
-    dst[:2500] = 11
+    dst[:10_000] = 11
     grad_out = rand_feat(x.shape, dtype, "cpu", gen(7))
 
     def run(device):
