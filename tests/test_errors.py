@@ -460,11 +460,9 @@ def test_remembered_indices_do_not_outlive_their_tensors():
     from edgedot.runtime.checks import InRangeIndices
     cache = InRangeIndices()
     idx = torch.arange(10)
-    cache.add(idx, 10)
-    rows = {n: torch.empty(n, 2) for n in (9, 10, 11)}
-    assert cache.covers(idx, rows[10]) and cache.covers(idx, rows[11]) and not cache.covers(idx, rows[9])
-    assert not cache.covers(idx.clone(), rows[10])
-    assert not cache.covers(idx, torch.tensor(3.0))  # a malformed feature tensor is no cover
+    cache.put(idx, 10)
+    assert cache.covers_rows(idx, 10) and cache.covers_rows(idx, 11) and not cache.covers_rows(idx, 9)
+    assert not cache.covers_rows(idx.clone(), 10)
     del idx
     assert not cache._entries
 

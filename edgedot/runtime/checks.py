@@ -182,22 +182,10 @@ class InRangeIndices(TensorMemo):
     kernels never read out of range whatever this says: an index changed behind PyTorch's back
     yields NaN, not a crash."""
 
-    def covers(self, idx, feat):
-        """Whether ``idx`` is unchanged since it was found in range for at most as many rows as
-        ``feat`` has (``feat`` may be malformed: then the answer is no)."""
-        try:
-            return self.covers_rows(idx, feat.shape[0])
-        except IndexError:  # a 0-d feature tensor, refused later with its own error
-            return False
-
     def covers_rows(self, idx, num_rows):
         """Whether ``idx`` is unchanged since it was found in range for at most ``num_rows`` rows."""
         known = self.get(idx)
         return known is not None and known <= num_rows
-
-    def add(self, idx, num_rows):
-        """Records that every entry of ``idx`` lies in ``[0, num_rows)``."""
-        self.put(idx, num_rows)
 
 
 in_range_indices = InRangeIndices()
@@ -207,7 +195,6 @@ _checked_pointer_targets = TensorMemo()
 
 # Bits of graph_flags' answer (GraphCheckFlag in csrc/edgedot.h).
 SRC_OUT_OF_RANGE, DST_OUT_OF_RANGE, PTR_ENDS_WRONG, PTR_DECREASES, PTR_DISAGREES = 1, 2, 4, 8, 16
-GRAPH_CHECK_FLAGS = 5
 
 # The names a graph's tensors go by in errors: (source indices, destination indices, pointer).
 OP_NAMES = ("src_idx", "dst_idx", "dst_ptr")
