@@ -198,3 +198,21 @@ def test_gat_paths_pass_their_check(conv):
             path.reset(0)
             error = path.check() if path.check is not None else path.error_of(path.call(0))
             assert error <= TOLERANCE[case.dtype], (name, backward, error)
+
+
+def test_bytes_bounds():
+    """The least bytes of GATv2 at products size: about 9 GB forward and 28 GB backward (each
+    edge's rows and indices in each pass, each node's rows once a pass), as the issue counts them;
+    graph attention's backward moves two passes of its forward's edge bytes and eight node rows."""
+    from edgedot.bench.attention import ATTENTION_CASES, forward_backward_bytes as attention_bytes
+    from edgedot.bench.attention import gather_bytes as attention_forward
+    from edgedot.bench.gat import GAT_CASES, forward_backward_bytes, gather_bytes
+    gatv2 = next(case for case in GAT_CASES if case.name == "gatv2_products_bf16")
+    assert 9.0e9 < gather_bytes(gatv2) < 9.6e9
+    assert 27.0e9 < forward_backward_bytes(gatv2) - gather_bytes(gatv2) < 28.5e9
+    gat = next(case for case in GAT_CASES if case.name == "gat_products_bf16")
+    assert forward_backward_bytes(gat) < forward_backward_bytes(gatv2)
+    attn = next(case for case in ATTENTION_CASES if case.name == "attn_products_bf16")
+    row = attn.heads * attn.dim * attn.dtype.itemsize
+    edge_pass = attn.num_edges * (2 * row + 2 * attn.index_dtype.itemsize)
+    assert attention_bytes(attn) - attention_forward(attn) == 2 * edge_pass + attn.num_nodes * 8 * row

@@ -118,6 +118,17 @@ def gather_bytes(case):
     return case.num_edges * (2 * row + 2 * case.index_dtype.itemsize) + case.num_nodes * 2 * row
 
 
+def forward_backward_bytes(case):
+    """Least bytes of the forward and a deterministic backward by recomputation (two passes over
+    the edges, no float atomics): the forward's, then the destination pass (each edge's k and v
+    rows and indices; each node's q, grad_out and out rows read, dq written) and the source pass
+    (each edge's destination q and grad_out rows and indices; each node's k, v read, dk, dv
+    written)."""
+    row = case.heads * case.dim * case.dtype.itemsize
+    per_pass = case.num_edges * (2 * row + 2 * case.index_dtype.itemsize)
+    return gather_bytes(case) + 2 * per_pass + case.num_nodes * 8 * row
+
+
 # --------------------------------------------------------------------------- inputs
 
 @dataclass
@@ -381,10 +392,11 @@ def run_attention_case(case, device, clock, settings, with_backward, bandwidths)
     sets = rotating_sets(lambda seed: make_attention_set(case, device, seed), device, settings)
     weights = layer_weights(case, device)
     check = expected_attention(case, sets[0], weights, with_backward)
-    moved = gather_bytes(case)
+    moved, moved_both = gather_bytes(case), forward_backward_bytes(case)
     bound_us = 1e6 * moved / copy_bw if copy_bw else None
     record = {"kind": "attention", "config": case.describe(), "input_sets": len(sets),
-              "check": check.describe(), "bytes": {ATTN_FORWARD: moved}, "bound_us": bound_us}
+              "check": check.describe(), "bytes": {ATTN_FORWARD: moved, ATTN_FORWARD_BACKWARD: moved_both},
+              "bound_us": bound_us, "forward_backward_bound_us": 1e6 * moved_both / copy_bw if copy_bw else None}
     options = dict(tolerance=TOLERANCE[case.dtype], num_sets=len(sets), clock=clock, settings=settings,
                    baselines=("compile", "pyg", "turbo"))
     torch._dynamo.reset()
@@ -397,7 +409,7 @@ def run_attention_case(case, device, clock, settings, with_backward, bandwidths)
             inputs.requires_grad_()
         record[ATTN_FORWARD_BACKWARD] = run_section(
             "attention forward+backward", attention_paths(case, sets, check, compiled, weights, backward=True),
-            None, None, **options)
+            moved_both, copy_bw, **options)
     add_ratios(record)
     record["targets"] = targets(case, record)
     return record
@@ -410,16 +422,16 @@ def ok_time(section, path):
 
 
 def add_ratios(record):
-    """``vs_bound`` (forward time / gather bound) and ``vs_forward`` (forward+backward time /
-    the same path's forward time)."""
+    """``vs_bound`` (time / the bytes bound of the section: forward, or forward and backward) and
+    ``vs_forward`` (forward+backward time / the same path's forward time)."""
     forward = record[ATTN_FORWARD]
     for path, result in forward.items():
         if result["status"] == "ok":
-            result["vs_bound"] = result["median_us"] / record["bound_us"] if record["bound_us"] else None
+            result["vs_bound"] = ratio(result["median_us"], record["bound_us"])
     for path, result in record.get(ATTN_FORWARD_BACKWARD, {}).items():
         if result["status"] == "ok":
-            base = ok_time(forward, path)
-            result["vs_forward"] = result["median_us"] / base if base else None
+            result["vs_forward"] = ratio(result["median_us"], ok_time(forward, path))
+            result["vs_bound"] = ratio(result["median_us"], record.get("forward_backward_bound_us"))
 
 
 def ratio(num, den):

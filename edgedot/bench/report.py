@@ -25,7 +25,7 @@ METRICS = {
     "vs_compile": ("time / compile time (<1: faster than compile)", "{:.3f}".format),
     "vs_pyg": ("time / PyG time (<1: faster than PyG)", "{:.3f}".format),
     "vs_turbo": ("time / Turbo-GNN time (<1: faster than Turbo-GNN)", "{:.3f}".format),
-    "vs_bound": ("time / gather bound (bytes counted at the copy bandwidth)", "{:.2f}".format),
+    "vs_bound": ("time / bytes bound (the section's least bytes at the copy bandwidth)", "{:.2f}".format),
     "vs_forward": ("forward+backward time / the same path's forward time", "{:.2f}".format),
     "bw_fraction": ("bytes counted / time / copy bandwidth", "{:.2f}".format),
     "l2_fraction": ("bytes gathered / time / L2 copy bandwidth", "{:.2f}".format),
@@ -43,11 +43,11 @@ TABLES = [
     ("Attention forward", [(ATTN_FORWARD, "")],
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
     ("Attention forward + backward", [(ATTN_FORWARD_BACKWARD, "")],
-     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "peak_extra_bytes"]),
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "vs_bound", "peak_extra_bytes"]),
     ("GAT forward", [(GAT_FORWARD, "")],
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
     ("GAT forward + backward", [(GAT_FORWARD_BACKWARD, "")],
-     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "peak_extra_bytes"]),
+     ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "vs_bound", "peak_extra_bytes"]),
 ]
 SECTIONS = [section for _, parts, _ in TABLES for section, _ in parts]
 NAME_WIDTH, CELL_WIDTH, CASE_CELL_WIDTH = 18, 16, 11
@@ -90,17 +90,20 @@ def case_table(cases):
 
 def attention_case_table(cases):
     """Sizes, the float64 check's sample and the gather bound of each attention (and GAT) case."""
-    header = ["case", "N", "E", "HxD", "dtype", "in", "sets", "chk nodes", "chk edges", "fwd MB", "bound us"]
+    header = ["case", "N", "E", "HxD", "dtype", "in", "sets", "chk nodes", "chk edges", "fwd MB", "f+b MB",
+              "bound us"]
     rows = []
     for name, record in cases.items():
         if record.get("kind") not in ("attention", "gat"):
             continue
         config, check = record["config"], record["check"]
         bound = record["bound_us"]
-        forward_bytes = record["bytes"][ATTN_FORWARD if record["kind"] == "attention" else GAT_FORWARD]
+        attention = record["kind"] == "attention"
+        forward_bytes = record["bytes"][ATTN_FORWARD if attention else GAT_FORWARD]
+        both_bytes = record["bytes"].get(ATTN_FORWARD_BACKWARD if attention else GAT_FORWARD_BACKWARD)
         rows.append([name, config["num_nodes"], config["num_edges"], f"{config['heads']}x{config['dim']}",
                      config["dtype"], config["in_channels"], record["input_sets"], check["dst_nodes"],
-                     check["edges"], megabytes(forward_bytes),
+                     check["edges"], megabytes(forward_bytes), "n/a" if both_bytes is None else megabytes(both_bytes),
                      "n/a" if bound is None else f"{bound:.0f}"])
     return ["", "Attention cases (chk: destination nodes and edges of the float64 check)"] + \
         table_lines(header, rows, CASE_CELL_WIDTH) if rows else []
