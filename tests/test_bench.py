@@ -115,10 +115,10 @@ def test_case_selection():
     minibatches = ["minibatch_f32", "minibatch_fan5_f32", "minibatch_fan25_f32", "minibatch_bf16"]
     gat_names = [f"{conv}_{graph}" for conv in ("gat", "gatv2")
                  for graph in ["products_bf16", "rmat20_bf16", "uniform20_bf16"] + minibatches]
-    assert names[0] == "default" and names[-26:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+    assert names[0] == "default" and names[-27:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
                                                      "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
                                                      "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16"] + \
-        [f"attn_{name}" for name in minibatches] + gat_names
+        [f"attn_{name}" for name in minibatches] + gat_names + ["gatv2_ogbn_products_bf16"]
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
     with pytest.raises(SystemExit, match="unknown case"):

@@ -56,7 +56,8 @@ GAT_CASES = [
         GATCase(f"{conv}_uniform20_bf16", **RMAT20, conv=conv),
         *(GATCase(f"{conv}_{name}", **shape, conv=conv) for name, shape in MINIBATCHES.items()),
     )
-]
+] + [GATCase("gatv2_ogbn_products_bf16", num_nodes=2_449_029, num_edges=123_718_280, dtype=torch.bfloat16,
+             conv="gatv2")]  # the real ogbn-products' size: the memory a layer needs there
 
 
 def shrunk_gat(case):
