@@ -131,6 +131,11 @@ for stage in $stages; do
       python3 -m edgedot.kernelbench --export "$OUT/model_new.py" &&
         python3 -m edgedot.kernelbench --evaluate "$OUT/model_new.py" 2>&1 | tee "$OUT/kernelbench_eval.log" ;;
     bench)
+      # Peers the device cannot download, as wheels in PEER_WHEELS (default .peers, carried):
+      # `pip download anemoi-models==0.19.0 --no-deps -d .peers` here, for instance.
+      if compgen -G "${PEER_WHEELS:-.peers}/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-deps --no-index "${PEER_WHEELS:-.peers}"/*.whl
+      fi
       python3 -m edgedot.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log" ;;
     wheel)

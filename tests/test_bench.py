@@ -27,7 +27,7 @@ def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     args = [sys.executable, "-m", "edgedot.bench", "--quick", "--reps-scale", "0.1",
-            "--cases", "default,attn_arxiv_bf16", "--json", str(out / "bench.json"), "--png", str(out / "bench.png")]
+            "--cases", "default,attn_arxiv_bf16,edge_attn_arxiv_f16", "--json", str(out / "bench.json"), "--png", str(out / "bench.png")]
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return json.loads((out / "bench.json").read_text()), proc.stdout
@@ -39,7 +39,7 @@ def test_quick_run_report(quick_report):
                 "l2_probe_bytes", "cases"):
         assert key in report, key
     assert set(report["l2_bandwidth_bytes_per_s"]) == {"copy", "read"}
-    assert list(report["cases"]) == ["default", "attn_arxiv_bf16"]
+    assert list(report["cases"]) == ["default", "attn_arxiv_bf16", "edge_attn_arxiv_f16"]
     for title in ("Forward: median time per call", "Forward + backward: median time per call",
                   "Kernel time alone: calls captured in a CUDA graph: median time per call",
                   "Attention forward: median time per call", "Attention forward + backward: median time per call",
@@ -115,10 +115,11 @@ def test_case_selection():
     minibatches = ["minibatch_f32", "minibatch_fan5_f32", "minibatch_fan25_f32", "minibatch_bf16"]
     gat_names = [f"{conv}_{graph}" for conv in ("gat", "gatv2")
                  for graph in ["products_bf16", "rmat20_bf16", "uniform20_bf16"] + minibatches]
-    assert names[0] == "default" and names[-27:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+    assert names[0] == "default" and names[-29:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
                                                      "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
                                                      "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16"] + \
-        [f"attn_{name}" for name in minibatches] + gat_names + ["gatv2_ogbn_products_bf16"]
+        [f"attn_{name}" for name in minibatches] + gat_names + ["gatv2_ogbn_products_bf16"] + \
+        ["edge_attn_arxiv_f16", "edge_attn_products_f16"]
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept
     with pytest.raises(SystemExit, match="unknown case"):
@@ -216,3 +217,21 @@ def test_bytes_bounds():
     row = attn.heads * attn.dim * attn.dtype.itemsize
     edge_pass = attn.num_edges * (2 * row + 2 * attn.index_dtype.itemsize)
     assert attention_bytes(attn) - attention_forward(attn) == 2 * edge_pass + attn.num_nodes * 8 * row
+
+
+def test_quick_run_edge_attention(quick_report):
+    """Attention with edge features: edgedot's paths and compile's checked and timed, forward and
+    forward + backward; anemoi's Triton kernel is CUDA only (n/a here, with its reason)."""
+    report, stdout = quick_report
+    record = report["cases"]["edge_attn_arxiv_f16"]
+    assert record["kind"] == "edge_attention" and record["bytes"]["edge_attention_forward_backward"] > \
+        record["bytes"]["edge_attention_forward"]
+    for section in ("edge_attention_forward", "edge_attention_forward_backward"):
+        for path in ("edgedot", "edgedot_default", "compile"):
+            result = record[section][path]
+            assert result["status"] == "ok", (section, path, result)
+            assert result["rel_err"] <= report["tolerance"]["float16"]
+        if not report["device"].startswith("cpu"):
+            continue
+        assert record[section]["anemoi"]["status"] == "n/a"
+    assert "Attention with edge features, forward + backward" in stdout

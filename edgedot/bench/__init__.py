@@ -3,7 +3,8 @@
 ``edge_dot`` is compared with eager PyTorch, ``torch.compile`` and cuSPARSE; ``graph_attention``
 with PyG's ``TransformerConv`` and ``torch.compile`` of the unfused math; ``gat_attention`` /
 ``gatv2_attention`` with PyG's ``GATConv`` / ``GATv2Conv``, ``torch.compile`` of the unfused
-math and Turbo-GNN's ``gatv2_aggr``.
+math and Turbo-GNN's ``gatv2_aggr``; ``graph_attention`` with edge features with ``torch.compile``
+and anemoi's Triton GraphTransformer (``anemoi.models.triton.gt``).
 
 Run ``python -m edgedot.bench`` on a CUDA device (``--help`` lists the options; ``--quick`` runs
 every case at a tiny size, also on the CPU, as a smoke test of the code paths). Without CUDA it
@@ -15,7 +16,8 @@ one path), ``graphs`` (the random edge lists: uniform and R-MAT), ``cases`` (the
 and input sets), ``edge_dot`` (its expected results, bytes and paths), ``attention`` and
 ``attention_check`` (the attention cases, paths and their float64 check), ``gat`` (the GAT /
 GATv2 cases, ``gat_*`` and ``gatv2_*``, on the attention cases' graphs, their paths and float64
-check: see its docstring), ``report`` (tables, JSON, chart).
+check: see its docstring), ``edge_attention`` (attention with edge features, ``edge_attn_*``,
+beside anemoi's kernel), ``report`` (tables, JSON, chart).
 
 Cases (``CASES`` and ``ATTENTION_CASES``; ``--cases`` picks some by name)
     ``default`` is the seed's problem (int32 indices); the others use int64 indices. "mid" is
@@ -27,7 +29,11 @@ Cases (``CASES`` and ``ATTENTION_CASES``; ``--cases`` picks some by name)
     float32 and bfloat16), ogbn-products (2,449,029 nodes, 30M edges; bfloat16) and Reddit
     (232,965 nodes, 114,615,892 edges; bfloat16): uniform random edges sorted by destination
     (int64, PyG's ``edge_index``), 4 heads of 32, node features ``x`` ``[N, 128]`` for the
-    layers and random ``q``, ``k``, ``v`` ``[N, 4, 32]`` for the op.
+    layers and random ``q``, ``k``, ``v`` ``[N, 4, 32]`` for the op; sampled mini-batches
+    (``*_minibatch*``: 16,384 seeds with 5, 10 or 25 in-edges from 180,224 nodes, a new graph
+    every call). GAT and GATv2 (``gat_*``, ``gatv2_*``) run on the same graphs, and GATv2 also
+    at the real ogbn-products size (123,718,280 edges). Attention with ``[E, 4, 32]`` edge
+    features (``edge_attn_*``, float16) at arxiv and products sizes.
 
 Paths
     Forward: ``eager`` (:func:`edgedot.edge_dot_reference`), ``compile`` (``torch.compile`` of it,

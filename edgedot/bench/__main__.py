@@ -11,6 +11,7 @@ import torch
 from . import __doc__ as package_doc
 from .attention import ATTENTION_CASES, AttentionCase, add_power_law_ratios, run_attention_case, shrunk_attention
 from .cases import CASES, TOLERANCE, dtype_name, shrunk
+from .edge_attention import EDGE_ATTENTION_CASES, EdgeAttentionCase, run_edge_attention_case
 from .edge_dot import load_kernels, run_case
 from .gat import GAT_CASES, GATCase, add_gat_power_law_ratios, run_gat_case, shrunk_gat
 from .report import report_lines, save_chart, write_json
@@ -22,6 +23,7 @@ def _known_cases():
     known = {case.name: (case, shrunk) for case in CASES}
     known.update({case.name: (case, shrunk_attention) for case in ATTENTION_CASES})
     known.update({case.name: (case, shrunk_gat) for case in GAT_CASES})
+    known.update({case.name: (case, shrunk_attention) for case in EDGE_ATTENTION_CASES})
     return known
 
 
@@ -109,8 +111,9 @@ def main(argv=None):
     bandwidths = {"copy": copy_bw, "l2_copy": l2_bw["copy"]}
     records = {}
     for case in cases:
-        # (GATCase first: it is an AttentionCase too.)
+        # (GATCase and EdgeAttentionCase first: they are AttentionCases too.)
         run = run_gat_case if isinstance(case, GATCase) else \
+            run_edge_attention_case if isinstance(case, EdgeAttentionCase) else \
             run_attention_case if isinstance(case, AttentionCase) else run_case
         records[case.name] = run(case, device, clock, settings, not args.no_backward, bandwidths)
         release_memory()

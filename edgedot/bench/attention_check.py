@@ -20,24 +20,27 @@ REFERENCE_EDGES = 2**20    # edges of the sampled subgraph (about; the whole gra
 LINEARS = ("lin_query", "lin_key", "lin_value")
 
 
-def unfused_attention(q, k, v, src_idx, dst_idx, scale):
+def unfused_attention(q, k, v, src_idx, dst_idx, scale, edge_feat=None):
     """Graph attention as a user writes it in PyTorch (the ``compile`` path compiles this):
-    gather ``q[dst]``, ``k[src]``, ``v[src]``, scores, ``scatter_reduce`` amax per destination,
-    ``exp``, scatter-added sums, ``index_add`` of the weighted values. Softmax and sums run in
-    float32 at least, gradients' scatter-adds too (sums of half types drop the terms of
-    high-degree nodes)."""
+    gather ``q[dst]``, ``k[src]``, ``v[src]`` (plus ``edge_feat`` on keys and values), scores,
+    ``scatter_reduce`` amax per destination, ``exp``, scatter-added sums, ``index_add`` of the
+    weighted values. Softmax and sums run in float32 at least, gradients' scatter-adds too (sums
+    of half types drop the terms of high-degree nodes)."""
     src, dst = src_idx.long(), dst_idx.long()
     dtype, acc = q.dtype, torch.promote_types(q.dtype, torch.float32)
     num_dst, heads = q.shape[0], q.shape[1]
     q, k, v = q.to(acc), k.to(acc), v.to(acc)  # (the gradients' scatter-adds too)
-    score = (q[dst] * k[src]).sum(-1) * scale
+    keys, values = k[src], v[src]
+    if edge_feat is not None:
+        keys, values = keys + edge_feat.to(acc), values + edge_feat.to(acc)
+    score = (q[dst] * keys).sum(-1) * scale
     top = torch.full((num_dst, heads), -math.inf, dtype=acc, device=q.device)
     top = top.scatter_reduce(0, dst[:, None].expand(-1, heads), score.detach(), "amax")
     weight = torch.exp(score - top[dst])
     total = torch.zeros((num_dst, heads), dtype=acc, device=q.device).index_add(0, dst, weight)
     alpha = weight / total[dst]
     out = torch.zeros((num_dst, heads, v.shape[-1]), dtype=acc, device=q.device)
-    return out.index_add(0, dst, alpha[..., None] * v[src]).to(dtype)
+    return out.index_add(0, dst, alpha[..., None] * values).to(dtype)
 
 
 def reference_attention(q, k, v, src_idx, dst_idx, scale):

@@ -20,6 +20,8 @@ ATTN_FORWARD = "attention_forward"
 ATTN_FORWARD_BACKWARD = "attention_forward_backward"
 GAT_FORWARD = "gat_forward"
 GAT_FORWARD_BACKWARD = "gat_forward_backward"
+EDGE_ATTN_FORWARD = "edge_attention_forward"
+EDGE_ATTN_FORWARD_BACKWARD = "edge_attention_forward_backward"
 
 
 def dtype_name(dtype):

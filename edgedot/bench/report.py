@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 from .attention import TARGET_DEVICE, targets_apply
-from .cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, FORWARD, FORWARD_BACKWARD, GAT_FORWARD, GAT_FORWARD_BACKWARD,
-                    GRAPH_REPLAY, GRAPH_REPLAY_HOT)
+from .cases import (ATTN_FORWARD, ATTN_FORWARD_BACKWARD, EDGE_ATTN_FORWARD, EDGE_ATTN_FORWARD_BACKWARD, FORWARD,
+                    FORWARD_BACKWARD, GAT_FORWARD, GAT_FORWARD_BACKWARD, GRAPH_REPLAY, GRAPH_REPLAY_HOT)
 from .timing import CALLS_PER_GRAPH
 
 
@@ -25,6 +25,7 @@ METRICS = {
     "vs_compile": ("time / compile time (<1: faster than compile)", "{:.3f}".format),
     "vs_pyg": ("time / PyG time (<1: faster than PyG)", "{:.3f}".format),
     "vs_turbo": ("time / Turbo-GNN time (<1: faster than Turbo-GNN)", "{:.3f}".format),
+    "vs_anemoi": ("time / anemoi's Triton GraphTransformer time (<1: faster than anemoi's)", "{:.3f}".format),
     "vs_bound": ("time / bytes bound (the section's least bytes at the copy bandwidth)", "{:.2f}".format),
     "vs_forward": ("forward+backward time / the same path's forward time", "{:.2f}".format),
     "bw_fraction": ("bytes counted / time / copy bandwidth", "{:.2f}".format),
@@ -48,6 +49,10 @@ TABLES = [
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_bound", "peak_extra_bytes"]),
     ("GAT forward + backward", [(GAT_FORWARD_BACKWARD, "")],
      ["median_us", "vs_compile", "vs_pyg", "vs_turbo", "vs_forward", "vs_bound", "peak_extra_bytes"]),
+    ("Attention with edge features, forward", [(EDGE_ATTN_FORWARD, "")],
+     ["median_us", "vs_compile", "vs_anemoi", "vs_bound", "peak_extra_bytes"]),
+    ("Attention with edge features, forward + backward", [(EDGE_ATTN_FORWARD_BACKWARD, "")],
+     ["median_us", "vs_compile", "vs_anemoi", "vs_forward", "vs_bound", "peak_extra_bytes"]),
 ]
 SECTIONS = [section for _, parts, _ in TABLES for section, _ in parts]
 NAME_WIDTH, CELL_WIDTH, CASE_CELL_WIDTH = 18, 16, 11
@@ -94,13 +99,14 @@ def attention_case_table(cases):
               "bound us"]
     rows = []
     for name, record in cases.items():
-        if record.get("kind") not in ("attention", "gat"):
+        if record.get("kind") not in ("attention", "gat", "edge_attention"):
             continue
         config, check = record["config"], record["check"]
         bound = record["bound_us"]
-        attention = record["kind"] == "attention"
-        forward_bytes = record["bytes"][ATTN_FORWARD if attention else GAT_FORWARD]
-        both_bytes = record["bytes"].get(ATTN_FORWARD_BACKWARD if attention else GAT_FORWARD_BACKWARD)
+        forward_key, both_key = {"attention": (ATTN_FORWARD, ATTN_FORWARD_BACKWARD), "gat": (GAT_FORWARD,
+                                 GAT_FORWARD_BACKWARD), "edge_attention": (EDGE_ATTN_FORWARD,
+                                 EDGE_ATTN_FORWARD_BACKWARD)}[record["kind"]]
+        forward_bytes, both_bytes = record["bytes"][forward_key], record["bytes"].get(both_key)
         rows.append([name, config["num_nodes"], config["num_edges"], f"{config['heads']}x{config['dim']}",
                      config["dtype"], config["in_channels"], record["input_sets"], check["dst_nodes"],
                      check["edges"], megabytes(forward_bytes), "n/a" if both_bytes is None else megabytes(both_bytes),
