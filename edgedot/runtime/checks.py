@@ -131,12 +131,8 @@ class TensorMemo:
         return entry[4]
 
     def put(self, idx, fact):
-        """Records ``fact`` (not None) for ``idx`` as it is now."""
-        self.commit(self.prepare(idx, fact))
-
-    def prepare(self, idx, fact):
-        """The record of ``fact`` for ``idx`` as it is now, to :meth:`commit` once the fact is
-        known to hold (a check still running on the device); None where nothing can be recorded."""
+        """Records ``fact`` (not None) for ``idx`` as it is now; returns the record, for
+        :meth:`retract` (None where nothing could be recorded)."""
         if idx.is_inference():  # no version counter: checked on every call
             return None
         key, storage = _key_of(idx)
@@ -144,25 +140,19 @@ class TensorMemo:
             return None
         base = idx._base if idx._is_view() else idx
         entries = self._entries
-        entry = None
 
         def drop(_):
             if entries.get(key) is entry:
                 del entries[key]
 
         entry = (weakref.ref(storage, drop), weakref.ref(base, drop), idx._version, storage.data_ptr(), fact)
+        entries[key] = entry
         return key, entry
 
     def retract(self, record):
-        """Removes a record of :meth:`commit` unless another has replaced it."""
+        """Removes a record of :meth:`put` unless another has replaced it."""
         if record is not None and self._entries.get(record[0]) is record[1]:
             del self._entries[record[0]]
-
-    def commit(self, record):
-        """Stores a record of :meth:`prepare` (nothing for None). A tensor written since then no
-        longer matches it: its version or its storage moved on."""
-        if record is not None and record[1][0]() is not None and record[1][1]() is not None:
-            self._entries[record[0]] = record[1]
 
 
 def _key_of(idx):
@@ -240,15 +230,13 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
     # needs no check of its own (the pending one raises for both). A failed check retracts them.
     records = []
     if check_src:
-        records.append((in_range_indices, in_range_indices.prepare(src_idx, num_src)))
+        records.append((in_range_indices, in_range_indices.put(src_idx, num_src)))
     if check_dst:
-        records.append((in_range_indices, in_range_indices.prepare(dst_idx, num_dst)))
+        records.append((in_range_indices, in_range_indices.put(dst_idx, num_dst)))
     if check_ptr:
         token = object()
-        records += [(_checked_pointers, _checked_pointers.prepare(dst_ptr, token)),
-                    (_checked_pointer_targets, _checked_pointer_targets.prepare(dst_idx, token))]
-    for memo, record in records:
-        memo.commit(record)
+        records += [(_checked_pointers, _checked_pointers.put(dst_ptr, token)),
+                    (_checked_pointer_targets, _checked_pointer_targets.put(dst_idx, token))]
     deferred.submit(flags, records, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
 
 
@@ -285,7 +273,7 @@ class DeferredChecks:
 
     def submit(self, flags, records, graph):
         """Queues the read-back of ``flags`` (the device's, of a check just launched); ``records``:
-        (memo, record) pairs committed for it; ``graph``: :func:`check_graph`'s tensors and names."""
+        (memo, record) pairs put for it, retracted if it fails; ``graph``: :func:`check_graph`'s tensors and names."""
         host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
         host.copy_(flags, non_blocking=True)  # on the current stream of the flags' device
         done = torch.cuda.Event()
