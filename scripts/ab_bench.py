@@ -24,6 +24,8 @@ CASES = [
     ("attn-hub-bf16-plan", "graph_attention", 169_343, 1_166_243 + 2_000_000, 4, 32, "bfloat16", 2_000_000, "plan"),
     ("attn-products-bf16-plan", "graph_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
     ("attn-minibatch-f32-ptr", "graph_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
+    ("gat-minibatch-f32-ptr", "gat_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
+    ("gatv2-minibatch-f32-ptr", "gatv2_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
     ("gat-arxiv-bf16-plan", "gat_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
     ("gat-products-bf16-plan", "gat_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
     ("gatv2-arxiv-bf16-plan", "gatv2_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),

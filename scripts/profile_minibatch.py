@@ -66,10 +66,15 @@ def make_paths(args):
         edge_index = pool[step % POOL].clone()
         return edge_index, edge_index[0], edge_index[1]
 
+    leaves = [x, q, k, v, a_src, a_dst, att]
+
     def run(forward, grad_out):
         def call(step, backward):
             out = forward(step)
             if backward:
+                # As optimizer.zero_grad() does: the backward writes fresh gradients, no accumulation.
+                for leaf in leaves:
+                    leaf.grad = None
                 out.backward(grad_out)
         return call
 
@@ -91,6 +96,7 @@ def make_paths(args):
         theirs = getattr(pyg, name)(IN_CHANNELS, DIM, heads=HEADS).to("cuda", dtype)
         ours = getattr(edgedot.nn, name)(IN_CHANNELS, DIM, heads=HEADS).to("cuda", dtype)
         ours.load_state_dict(theirs.state_dict())
+        leaves += list(ours.parameters()) + list(theirs.parameters())
         for label, layer in (("edgedot", ours), ("pyg", theirs)):
             paths[f"{label} {name}"] = run(lambda s, layer=layer: layer(x, fresh(s)[0]), grad_layer)
     return paths

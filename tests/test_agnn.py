@@ -472,7 +472,10 @@ def _run(layer, x, edge_index):
     x = x.detach().requires_grad_()
     out = layer(x, edge_index)
     leaves = [x] + list(layer.parameters())
-    grads = torch.autograd.grad(out, leaves, rand_feat(out.shape, out.dtype, out.device, gen(1)))
+    # Drawn in float64 and cast: a float32 draw is another sequence, so layers of different dtypes
+    # would be given unrelated output gradients.
+    grad_out = rand_feat(out.shape, torch.float64, out.device, gen(1)).to(out.dtype)
+    grads = torch.autograd.grad(out, leaves, grad_out)
     return out, grads
 
 

@@ -304,6 +304,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
   if (alpha_pass) {
     for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                   [&](const WorkUnit& w) {
+      if (w.begin == w.end) return;  // no edges, no weights
       h = w.head;
       side.begin(in, t, w.row, h);
       const A lse = lse_out[int64_t{w.row} * heads + h];
@@ -334,7 +335,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     h = w.head;
-    side.begin(in, t, w.row, h);
+    if (w.begin < w.end) side.begin(in, t, w.row, h);  // a row without edges reads no row
     LaneRow<T, VEC, NV> acc;
     acc.zero();
     A m = -inf, l = 0;
@@ -419,12 +420,11 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
                 [&](const WorkUnit& w) {
     const int64_t n = w.row, h = w.head, unit = n * heads + h;
     Dst side(in);
-    side.begin(in, t, n, h);
-    LaneRow<T, VEC, NV> dout;
-    load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
-    A delta;
-    {
-      LaneRow<T, VEC, NV> out;
+    LaneRow<T, VEC, NV> dout, out;
+    A delta = w.bad ? static_cast<A>(NAN) : A(0);  // a row without edges: out is 0 (NaN if bad)
+    if (w.begin < w.end) {
+      side.begin(in, t, n, h);
+      load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
       load_widened(out, row_head<T>(a.out, n, h), t, vvec);
       delta = t.sum(lane_dot(dout, out));
     }
@@ -488,7 +488,7 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
                 [&](const WorkUnit& w) {
     const int64_t s = w.row, h = w.head, unit = s * heads + h;
     Src side(in);
-    side.begin(in, t, s, h);
+    if (w.begin < w.end) side.begin(in, t, s, h);  // a source without edges: zero gradients
     side.zero_grads();
     RawRow<T, VEC, NV> gr[B];
     A lse[B], delta[B];
