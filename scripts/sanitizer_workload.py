@@ -184,7 +184,7 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
         src[::97] = 300
         edgedot.agnn_attention(x, beta, src, dst, check_indices=False).nan_to_num().sum().backward()
 
-# The fused input check (one kernel, one wait): good graphs, a pointer that disagrees, an index out of range.
+# The fused input check (one kernel; its verdict read later): good graphs, a pointer that disagrees, an index out of range.
 for it in [torch.int32, torch.int64]:
     q, k, v = (torch.randn(n, 2, 16, device=dev) for n in (300, 400, 400))
     dst = torch.sort(torch.randint(0, 300, (5000,), device=dev, dtype=it)).values
@@ -198,6 +198,7 @@ for it in [torch.int32, torch.int64]:
     for s_idx, p_idx in ((src, wrong), (bad_src, ptr)):
         try:
             edgedot.graph_attention(q, k, v, s_idx, dst, dst_ptr=p_idx)
+            edgedot.wait_for_checks()  # the verdict arrives after the call returns
         except (ValueError, IndexError):
             pass
 torch.cuda.synchronize()
