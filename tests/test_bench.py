@@ -114,11 +114,11 @@ def test_case_selection():
     names = [case.name for case in select_cases(None, quick=False)]
     minibatches = ["minibatch_f32", "minibatch_fan5_f32", "minibatch_fan25_f32", "minibatch_bf16"]
     gat_names = [f"{conv}_{graph}" for conv in ("gat", "gatv2")
-                 for graph in ["products_bf16", "rmat20_bf16", "uniform20_bf16"] + minibatches]
-    assert names[0] == "default" and names[-29:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
+                 for graph in ["products_bf16", "rmat20_bf16", "uniform20_bf16"] + minibatches + ["20k_f32"]]
+    assert names[0] == "default" and names[-32:] == ["attn_arxiv_f32", "attn_arxiv_bf16", "attn_products_bf16",
                                                      "attn_reddit_bf16", "attn_rmat20_bf16", "attn_uniform20_bf16",
                                                      "attn_arxiv_hub_bf16", "attn_arxiv_3m_bf16"] + \
-        [f"attn_{name}" for name in minibatches] + gat_names + ["gatv2_ogbn_products_bf16"] + \
+        [f"attn_{name}" for name in minibatches] + ["attn_20k_f32"] + gat_names + ["gatv2_ogbn_products_bf16"] + \
         ["edge_attn_arxiv_f16", "edge_attn_products_f16"]
     (reddit,) = select_cases("attn_reddit_bf16", quick=True)
     assert reddit.num_edges <= 2 * 4096 and reddit.num_edges // reddit.num_nodes > 400  # in-degree kept

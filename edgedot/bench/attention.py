@@ -67,6 +67,8 @@ MINIBATCHES = {"minibatch_f32": minibatch(10, torch.float32), "minibatch_fan5_f3
                "minibatch_fan25_f32": minibatch(25, torch.float32), "minibatch_bf16": minibatch(10, torch.bfloat16)}
 
 ARXIV = dict(num_nodes=169_343, num_edges=1_166_243)
+# A graph a laptop trains on (the CPU comparison with PyG's layers; seconds on a GPU).
+SMALL = dict(num_nodes=20_000, num_edges=400_000)
 ATTENTION_CASES = [
     AttentionCase("attn_arxiv_f32", **ARXIV, dtype=torch.float32, target_forward_us=450,
                   target_forward_backward_us=1300),
@@ -80,7 +82,8 @@ ATTENTION_CASES = [
     AttentionCase("attn_arxiv_hub_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16,
                   graph="hub", hub_edges=2_000_000, twin="attn_arxiv_3m_bf16"),
     AttentionCase("attn_arxiv_3m_bf16", ARXIV["num_nodes"], ARXIV["num_edges"] + 2_000_000, torch.bfloat16),
-] + [AttentionCase(f"attn_{name}", **shape) for name, shape in MINIBATCHES.items()]
+] + [AttentionCase(f"attn_{name}", **shape) for name, shape in MINIBATCHES.items()] + [
+    AttentionCase("attn_20k_f32", **SMALL, dtype=torch.float32)]
 
 # Power-law graphs against the uniform graph of the same size (``twin``), edgedot's paths.
 MAX_POWER_LAW_VS_UNIFORM = 1.3

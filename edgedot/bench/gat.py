@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import edgedot
 
-from .attention import MINIBATCHES, AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
+from .attention import MINIBATCHES, SMALL, AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
 from .attention_check import masked, sampled_subgraph, summed_rows
 from .cases import GAT_FORWARD, GAT_FORWARD_BACKWARD, TOLERANCE, rotating_sets
 from .timing import NotApplicable, progress, run_section
@@ -55,6 +55,7 @@ GAT_CASES = [
         GATCase(f"{conv}_rmat20_bf16", **RMAT20, graph="rmat", twin=f"{conv}_uniform20_bf16", conv=conv),
         GATCase(f"{conv}_uniform20_bf16", **RMAT20, conv=conv),
         *(GATCase(f"{conv}_{name}", **shape, conv=conv) for name, shape in MINIBATCHES.items()),
+        GATCase(f"{conv}_20k_f32", **SMALL, dtype=torch.float32, conv=conv),
     )
 ] + [GATCase("gatv2_ogbn_products_bf16", num_nodes=2_449_029, num_edges=123_718_280, dtype=torch.bfloat16,
              conv="gatv2")]  # the real ogbn-products' size: the memory a layer needs there
