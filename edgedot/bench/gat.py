@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 import edgedot
 
-from .attention import MINIBATCHES, SMALL, AttentionCase, PathMaker, make_attention_set, ok_time, ratio, shrunk_attention
+from .attention import (MINIBATCHES, SMALL, AttentionCase, PathMaker, make_attention_set, ok_time, ratio,
+                        shrunk_attention)
 from .attention_check import masked, sampled_subgraph, summed_rows
 from .cases import GAT_FORWARD, GAT_FORWARD_BACKWARD, TOLERANCE, rotating_sets
 from .timing import NotApplicable, progress, run_section
