@@ -148,9 +148,12 @@ def profile_calls(call, calls=20):
             entry[0] += 1
             entry[1] += event.device_time
     top = sorted(per_kernel.items(), key=lambda item: -item[1][1])[:12]
+    # Where the host's time goes: operators and runtime calls by their own (self) CPU time.
+    host_ops = sorted(prof.key_averages(), key=lambda avg: -avg.self_cpu_time_total)[:12]
     return {"kernels": kernels / calls, "launches": launches / calls, "device_us": device_us / calls,
             "host_us": 1e6 * statistics.median(host), "waits": waits / calls,
-            "top_kernels": [(name, count / calls, total / calls) for name, (count, total) in top]}
+            "top_kernels": [(name, count / calls, total / calls) for name, (count, total) in top],
+            "top_host_ops": [(avg.key[:90], avg.count / calls, avg.self_cpu_time_total / calls) for avg in host_ops]}
 
 
 def sync_sites(call):
@@ -200,6 +203,9 @@ def main():
         if args.kernels:
             for kernel, count, device_us in prof["top_kernels"]:
                 print(f"    {device_us:8.1f} us {count:4.1f}x  {kernel}")
+            print("    host, by own CPU time (profiled, so inflated):")
+            for op, count, host_us in prof["top_host_ops"]:
+                print(f"    {host_us:8.1f} us {count:4.1f}x  {op}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "results": results}, f, indent=1)
