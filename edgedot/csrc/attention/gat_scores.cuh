@@ -74,7 +74,7 @@ struct GatScore : GatFamily {
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
   template <typename T, int NV, bool kEdge>
   static constexpr int kDstBatch = kEdgeBatch<T, NV, false>;
-  // float32 with a_edge holds at most three (more spilled).
+  // float32 with a_edge holds at most three (more would spill).
   template <typename T, int NV, bool kEdge>
   static constexpr int kSrcBatch =
       kEdge && std::is_same_v<T, float> ? std::min(3, kEdgeBatch<T, NV, false>) : kEdgeBatch<T, NV, false>;

@@ -157,7 +157,7 @@ inline int grid_blocks(Kernel kernel, int64_t threads) {
 // Launches kernel<<<blocks, kBlockThreads, 0, stream>>>(args...) as a programmatic dependent launch:
 // its blocks may be scheduled while the previous kernel of the stream finishes, and the kernel
 // must call wait_for_previous_grid() before it touches memory. Small graphs are bound by launch
-// latency: back-to-back forwards of the seed problem measured 13% faster (NOTES.md).
+// latency, and the overlap hides part of it.
 template <typename... KernelArgs, typename... Args>
 inline void launch_dependent(void (*kernel)(KernelArgs...), int blocks, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};

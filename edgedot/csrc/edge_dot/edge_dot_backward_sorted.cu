@@ -13,14 +13,11 @@ namespace edgedot {
 constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
 constexpr int64_t kMinChunkEdges = 8;
 constexpr int64_t kMaxChunkEdges = 256;
-// Two items of kVectorsPerLane vectors in flight per lane at 2 blocks per SM (128 registers)
-// measured on an H200 (2**24 sorted edges, 128 floats): 2.51 ms, against 2.86 for one vector per
-// lane with two items at 4 blocks, 3.12 for one item at 3 blocks and 4.70 at 4 blocks (spilling).
+// Two items of kVectorsPerLane vectors in flight per lane at 2 blocks per SM (128 registers): more
+// bytes in flight beat more resident warps here (the shapes tried are in NOTES.md).
 constexpr int kSortedBlocksPerSM = 2;
-// Prefetched gather addresses (sum_runs) fit in those 128 registers for float32 only (0-4 bytes
-// spilled). Measured on an H200, float32 gained 0.4-14% with them (mid graphs most), while the
-// half types, whose row slices take twice the registers as float accumulators, spilled 100-230
-// bytes and lost 3-4% on edges sorted per call.
+// Prefetched gather addresses (sum_runs) fit in those 128 registers for float32 only: the half
+// types' row slices take twice the registers as float accumulators, and would spill.
 template <typename T>
 constexpr bool kSortedPrefetch = std::is_same_v<T, float>;
 
@@ -154,7 +151,7 @@ int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t slot_bytes = std::max<int64_t>(1, 2 * a.row_heads * a.dim * accum_bytes);
   const int64_t max_chunks = std::max<int64_t>(1, kWorkspaceBytes / slot_bytes);
   // About sixteen chunks per group a full GPU holds, so that every SM has work on small graphs and
-  // the groups finish together (four measured up to 7% slower with 2M edges, or 64-float rows); at
+  // the groups finish together (with four, some groups walked on alone at the end); at
   // most kMaxChunkEdges, so that no group walks far alone, unless the workspace cap needs more.
   int64_t vec = 1;
   dispatch_scalar(scalar, [&](auto t) {
@@ -167,8 +164,7 @@ int64_t sorted_chunk_edges(const GradArgs& a, ScalarKind scalar) {
   const int64_t chunk_edges = std::max(balanced, (a.num_edges + max_chunks - 1) / max_chunks);
   // Whole waves: chunks lengthened until their count is at most a multiple of the resident groups,
   // so that no group walks one chunk more than the others at the end, if they grow by at most an
-  // eighth. Measured on an H200: 2M edges, 7 waves, 6% longer: 4-7% faster; 2**24 edges, float32,
-  // 7 waves, 11% longer: within 2%; bf16, 3 waves, 29% longer: 7-12% slower.
+  // eighth (longer chunks cost more than the ragged last wave).
   const int64_t waves = (a.num_edges + chunk_edges - 1) / chunk_edges * a.row_heads / resident_groups;
   if (waves == 0) return chunk_edges;
   const int64_t whole = waves * resident_groups;

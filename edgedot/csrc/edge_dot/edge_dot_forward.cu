@@ -106,8 +106,8 @@ __device__ __forceinline__ void write_item(const ForwardArgs& a, int64_t out_at,
 }
 
 // Whether every item reads exactly one aligned 256-byte block of each row. L2 then fetches the
-// block whole on the first miss (load_vec_whole_block): 2-4% faster on D=64 float32 and D=128 bf16.
-// On longer rows the hint fetches blocks before they are needed and measured 1-9% slower.
+// block whole on the first miss (load_vec_whole_block). On longer rows the hint would fetch blocks
+// before they are needed.
 template <typename T>
 bool rows_are_256_byte_blocks(const ForwardArgs& a) {
   const auto block_rows = [&](const Rows& r) {
@@ -124,12 +124,11 @@ bool rows_are_256_byte_blocks(const ForwardArgs& a) {
 // item; the groups then take the tile's items in turn, reading the indices from shared memory
 // (shuffles would keep them in registers, which spills), and lane L writes item L's result.
 // Consecutive items of a sorted graph share rows, which a warp then finds in L1. With one lane
-// per item (group 1) each lane simply loads its own indices: the hand-off measured 4% slower there
-// (bf16, 4 heads of 32).
+// per item (group 1) each lane simply loads its own indices: the hand-off would only cost there.
 // Edges are visited in order.order when it is used (edge_order.cu). At most 64 registers (four
-// blocks per SM): the gather is latency-bound, and half types measured 25% faster at that occupancy.
+// blocks per SM): the gather is latency-bound, so occupancy matters more than registers.
 // The compiler puts the row loads on the read-only path (ld.global.nc) by itself; .ci/check_cuda_sources
-// checks the PTX for it, since sorted graphs ran 29-44% slower in a build where it did not.
+// checks the PTX for it, since sorted graphs run much slower without it.
 // kWholeBlock instantiations load rows with load_vec_whole_block instead (rows_are_256_byte_blocks);
 // kRoundProducts ones (half types, launch_forward's round_products) round each product (dot_add_rounded).
 // kDependent ones, for graphs that one pass of the resident warps covers (launch latency dominates
@@ -218,7 +217,7 @@ int64_t resident_warps(Kernel kernel) {
 
 // Tiles of 32 items, fewer where that would leave resident warps without a tile (small graphs).
 // Over an order, one item per group per tile: its buckets need the items in flight close together
-// (mid D=1000 measured 15% slower with 32).
+// (tiles of 32 spread them apart).
 inline int tile_items_for(int64_t items, int group, bool ordered, int64_t resident) {
   int tile_items = ordered ? 32 / group : 32;
   while (tile_items > 32 / group && (items + tile_items - 1) / tile_items < resident) tile_items /= 2;
@@ -241,8 +240,7 @@ void launch(const ForwardArgs& a, const EdgeOrder& order, cudaStream_t stream) {
 }
 
 // Whether one pass of the resident warps covers every item: the kernel then takes about as long
-// as a launch, and launching it as a dependent launch hides part of that (the seed problem, 100
-// forwards replayed from a CUDA graph on an H200: 3.70 against 3.22 us per call, NOTES.md).
+// as a launch, and launching it as a dependent launch hides part of that (the seed problem's case).
 template <typename T, int VEC, typename SrcIdx, typename DstIdx>
 bool one_pass(const ForwardArgs& a) {
   const int group = group_size(a.dim / VEC);

@@ -36,11 +36,9 @@ at::Tensor edge_order_buffer(const at::Tensor& row_idx, const at::Tensor& other_
 // Shuffled edges read both sides' rows once per edge. Grouped by row range of the side with more
 // row bytes (edge_order.cu), that side's rows come from DRAM about once each, for the cost of the
 // grouping passes, of one more load in each edge's chain of dependent loads, and of index reads and
-// output writes scattered by the new order. Measured on an H200 (NOTES.md): 7-23% faster with 880
-// to 3800 bytes saved per edge while the per-edge arrays (indices, output, order) fit in twice the
-// L2; no faster with 490 saved; no faster, or up to 22% slower, on larger arrays. Taken when that
-// side overflows half of L2, saves more than kOrderMinSavedBytes per edge, and the per-edge arrays
-// fit in twice the L2.
+// output writes scattered by the new order. That pays only when the saving is large and the per-edge
+// arrays (indices, output, order) stay near L2: it is taken when that side overflows half of L2,
+// saves more than kOrderMinSavedBytes per edge, and the per-edge arrays fit in twice the L2.
 constexpr int64_t kOrderMinSavedBytes = 640;
 constexpr int64_t kOrderMinEdges = int64_t{1} << 16;
 
@@ -175,9 +173,8 @@ at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_
   const int64_t num_edges = row_idx.size(0);
   const at::ScalarType dtype = row_feat.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  // Narrow float32 rows accumulate their atomics in double: on a row of some 350k edges, float
-  // atomics measured 10-20x the error of PyTorch's sorted sum. At this width the double buffer
-  // and its atomics cost little.
+  // Narrow float32 rows accumulate their atomics in double: float atomics over a long row lose
+  // precision against a sorted sum. At this width the double buffer and its atomics cost little.
   const bool double_accum = dtype == at::kFloat && dim <= kDoubleAccumMaxDim;
   const at::ScalarType accum = half ? at::kFloat : double_accum ? at::kDouble : dtype;
   const auto options = row_feat.options();
