@@ -5,8 +5,8 @@
 # ./device_out).
 #
 #   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel ab
-#                                            profile (default: all but wheel, ab and profile, in
-#                                            that order)
+#                                            profile pyg (default: all but wheel, ab, profile and
+#                                            pyg, in that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
@@ -110,6 +110,12 @@ for stage in $stages; do
         > "$OUT/pytest.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
       tail -n 1 "$OUT/pytest.log" ;;
+    pyg)
+      # PyG's own test files with edgedot's layers swapped in (carry tests/pyg/upstream/test, laid out
+      # by scripts/pyg_tests.sh), on their own: beside a full test stage they outlast a call.
+      python3 -m pytest -v tests/test_pyg_suite.py -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pyg_suite.log" 2>&1
+      grep -E "^(FAILED|ERROR) " "$OUT/pyg_suite.log" | head -n 20
+      tail -n 1 "$OUT/pyg_suite.log" ;;
     profile)
       # A training step on fresh mini-batches: kernels, device time and host waits per call.
       python3 scripts/profile_minibatch.py --kernels --json "$OUT/profile.json" ${PROFILE_ARGS:-} 2>&1 \
