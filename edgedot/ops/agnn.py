@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cpu import agnn as cpu_agnn
+from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
 from .attention import _grouping, backward_groupings, check_options, edge_groupings, forward_fake
@@ -79,8 +80,8 @@ def agnn_attention(x, beta, src_idx, dst_idx, *, plan=None, dst_ptr=None, check_
     check_agnn_inputs(x, x, beta, src_idx, dst_idx)
     check_options(x.device, 0.0, None, plan, check_indices, return_attention)
     groups = edge_groupings(plan, dst_ptr, x, x, src_idx, dst_idx, check_indices)
-    out, _, alpha = agnn_attention_op(F.normalize(x, p=2.0, dim=-1), x, beta, src_idx, dst_idx, *groups,
-                                      return_attention, check_indices)
+    out, _, alpha = eager.call(agnn_attention_op, _AgnnAttentionFunction, F.normalize(x, p=2.0, dim=-1), x, beta,
+                               src_idx, dst_idx, *groups, return_attention, check_indices)
     if flat:
         out, alpha = out.squeeze(1), alpha.squeeze(1) if return_attention else alpha
     return (out, alpha) if return_attention else out
@@ -206,3 +207,4 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha):
 
 
 torch.library.register_autograd("edgedot::agnn_attention", _backward, setup_context=_setup_context)
+_AgnnAttentionFunction = eager.autograd_function("AgnnAttentionFunction", agnn_attention_op, _setup_context, _backward)

@@ -32,7 +32,7 @@ import numbers
 import torch
 
 from ..cpu import attention as cpu_attention
-from ..runtime import dropout
+from ..runtime import dropout, eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair
 from ..runtime.checks import deferred as deferred_checks
@@ -131,8 +131,9 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     scale = _check_scale(q, scale)
     check_options(q.device, dropout_p, generator, plan, check_indices, return_attention, deterministic)
     groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices)
-    out, _, alpha = graph_attention_op(q, k, v, edge_feat, src_idx, dst_idx, *groups, float(scale), float(dropout_p),
-                                       generator, return_attention, check_indices)[:3]
+    out, _, alpha = eager.call(graph_attention_op, _GraphAttentionFunction, q, k, v, edge_feat, src_idx, dst_idx,
+                               *groups, float(scale), float(dropout_p), generator, return_attention,
+                               check_indices)[:3]
     return (out, alpha) if return_attention else out
 
 
@@ -453,3 +454,5 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
 
 
 torch.library.register_autograd("edgedot::graph_attention", _backward, setup_context=setup_context)
+_GraphAttentionFunction = eager.autograd_function("GraphAttentionFunction", graph_attention_op, setup_context,
+                                                  _backward)

@@ -23,7 +23,7 @@ import numbers
 import torch
 
 from ..cpu import gat as cpu_gat
-from ..runtime import dropout
+from ..runtime import dropout, eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
 from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
@@ -150,8 +150,8 @@ def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, 
     _check_slope(negative_slope)
     check_options(tensors[0].device, dropout_p, generator, plan, check_indices, return_attention)
     groups = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices)
-    out, _, alpha, _ = op(*tensors, src_idx, dst_idx, *groups, float(negative_slope), float(dropout_p), generator,
-                          return_attention, check_indices)
+    out, _, alpha, _ = eager.call(op, _EAGER_FUNCTIONS[op], *tensors, src_idx, dst_idx, *groups,
+                                  float(negative_slope), float(dropout_p), generator, return_attention, check_indices)
     return (out, alpha) if return_attention else out
 
 
@@ -438,7 +438,11 @@ def _make_backward(backward_op, source_inputs):
     return backward
 
 
-torch.library.register_autograd("edgedot::gat_attention", _make_backward(gat_attention_backward_op, (0, 1)),
-                                setup_context=setup_context)
-torch.library.register_autograd("edgedot::gatv2_attention", _make_backward(gatv2_attention_backward_op, (0,)),
-                                setup_context=setup_context)
+_EAGER_FUNCTIONS = {}
+for _name, _op, _backward_op, _source_inputs in (
+        ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, (0, 1)),
+        ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, (0,))):
+    torch.library.register_autograd(_op, _make_backward(_backward_op, _source_inputs), setup_context=setup_context)
+    _EAGER_FUNCTIONS[_op] = eager.autograd_function(_name, _op, setup_context,
+                                                    _make_backward(_backward_op, _source_inputs))
+del _name, _op, _backward_op, _source_inputs
