@@ -27,9 +27,10 @@ def autograd_function(name, op, setup_context, backward):
 
 def call(op, function, *args):
     """``op(*args)``, through ``function`` (:func:`autograd_function` of ``op``) when the call is
-    plain eager autograd: gradients on, some input requiring one, not traced by torch.compile, and
-    every tensor argument a plain ``torch.Tensor`` (no subclass, no functorch wrapper)."""
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+    plain eager autograd: gradients on, some input requiring one, not traced (torch.compile,
+    torch.jit.trace), and every tensor argument a plain ``torch.Tensor`` (no subclass, no functorch
+    wrapper)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not torch.is_grad_enabled():
         return op(*args)
     wants_grad = False
     for arg in args:
