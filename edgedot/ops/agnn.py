@@ -206,5 +206,5 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha):
         (None,) * (_NUM_INPUTS - 3)
 
 
-torch.library.register_autograd("edgedot::agnn_attention", _backward, setup_context=_setup_context)
-_AgnnAttentionFunction = eager.autograd_function("AgnnAttentionFunction", agnn_attention_op, _setup_context, _backward)
+_AgnnAttentionFunction = eager.register_autograd(agnn_attention_op, "AgnnAttentionFunction", _backward,
+                                                 _setup_context)

@@ -453,6 +453,5 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 
 
-torch.library.register_autograd("edgedot::graph_attention", _backward, setup_context=setup_context)
-_GraphAttentionFunction = eager.autograd_function("GraphAttentionFunction", graph_attention_op, setup_context,
-                                                  _backward)
+_GraphAttentionFunction = eager.register_autograd(graph_attention_op, "GraphAttentionFunction", _backward,
+                                                  setup_context)

@@ -438,11 +438,9 @@ def _make_backward(backward_op, source_inputs):
     return backward
 
 
-_EAGER_FUNCTIONS = {}
-for _name, _op, _backward_op, _source_inputs in (
+# The forward ops' autograd, and the autograd.Function each takes in eager calls.
+_EAGER_FUNCTIONS = {
+    op: eager.register_autograd(op, name, _make_backward(backward_op, source_inputs), setup_context)
+    for name, op, backward_op, source_inputs in (
         ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, (0, 1)),
-        ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, (0,))):
-    torch.library.register_autograd(_op, _make_backward(_backward_op, _source_inputs), setup_context=setup_context)
-    _EAGER_FUNCTIONS[_op] = eager.autograd_function(_name, _op, setup_context,
-                                                    _make_backward(_backward_op, _source_inputs))
-del _name, _op, _backward_op, _source_inputs
+        ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, (0,)))}

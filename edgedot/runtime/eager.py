@@ -13,9 +13,11 @@ import torch
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def autograd_function(name, op, setup_context, backward):
-    """An ``autograd.Function`` named ``name`` computing ``op(*args)`` with the ``setup_context``
-    and ``backward`` that ``op`` is registered with (``torch.library.register_autograd``)."""
+def register_autograd(op, name, backward, setup_context):
+    """``torch.library.register_autograd(op, backward, setup_context=setup_context)``; returns the
+    ``autograd.Function`` (named ``name``) that :func:`call` takes for eager calls of ``op``."""
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
     def forward(ctx, *args):
         output = op(*args)
         setup_context(ctx, args, output)
@@ -26,7 +28,7 @@ def autograd_function(name, op, setup_context, backward):
 
 
 def call(op, function, *args):
-    """``op(*args)``, through ``function`` (:func:`autograd_function` of ``op``) when the call is
+    """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``) when the call is
     plain eager autograd: gradients on, some input requiring one, not traced (torch.compile,
     torch.jit.trace), and every tensor argument a plain ``torch.Tensor`` (no subclass, no functorch
     wrapper)."""
