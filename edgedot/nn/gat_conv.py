@@ -446,9 +446,10 @@ class GATConv(_GATBase):
         """The fused op's ``(x, a_src, a_dst, a_edge)`` in one dtype (eager and TorchScript
         compute them alike): per-node logits (zeros for absent destination features), the edge
         term where ``edge_attr`` is given and the layer has ``edge_dim``."""
-        a_src = (x_src * self.att_src).sum(dim=-1)
+        H, C = self.heads, self.out_channels
+        a_src = torch.ops.edgedot.gat_node_logits(x_src, self.att_src.view(H, C))
         if x_dst is not None:
-            a_dst = (x_dst * self.att_dst).sum(dim=-1)
+            a_dst = torch.ops.edgedot.gat_node_logits(x_dst, self.att_dst.view(H, C))
         else:
             a_dst = x_src.new_zeros(num_dst, self.heads)
         a_edge: OptTensor = None

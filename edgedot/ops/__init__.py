@@ -1,8 +1,8 @@
 """The ops, one module per family: :mod:`~edgedot.ops.edge_dot`, :mod:`~edgedot.ops.attention`,
 :mod:`~edgedot.ops.gat` and :mod:`~edgedot.ops.agnn`, each with its public function and the
-``torch.library`` operators behind it."""
+``torch.library`` operators behind it; :mod:`~edgedot.ops.node_logits`, GAT's per-node logits."""
 
-from . import agnn, attention, edge_dot, gat
+from . import agnn, attention, edge_dot, gat, node_logits
 
 # What edgedot.ops was before the ops were split by family: edge_dot's operators and eager CUDA path,
 # and the names that module imported.

@@ -40,6 +40,7 @@ SOURCES = [
     "csrc/attention/gat_forward.cu",
     "csrc/attention/gat_backward_dst.cu",
     "csrc/attention/gat_backward_src.cu",
+    "csrc/attention/node_logits.cu",
     "csrc/attention/merge.cu",
 ]
 # Include folders, relative to the package: sources include their headers as "common/edgedot.h".

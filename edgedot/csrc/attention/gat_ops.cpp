@@ -259,4 +259,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
   return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads), std::get<4>(grads)};
 }
 
+namespace {
+
+// x as the kernels read it, in the logits' accumulation type's family: x itself, or x in float64
+// when att makes the result float64 (the kernels accumulate each x type in its own accumulation type).
+at::Tensor logits_x(const at::Tensor& x, at::ScalarType result) {
+  return unit_stride_last(result == at::kDouble ? x.to(at::kDouble) : x);
+}
+
+at::ScalarType logits_accum(at::ScalarType result) { return result == at::kDouble ? at::kDouble : at::kFloat; }
+
+}  // namespace
+
+at::Tensor node_logits_forward(const at::Tensor& x_in, const at::Tensor& att) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::ScalarType result = at::result_type(x_in, att);
+  const at::Tensor x = logits_x(x_in, result);
+  const at::Tensor att_acc = att.to(logits_accum(result)).contiguous();
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options().dtype(logits_accum(result)));
+  launch_node_logits(rows_of(x), x.size(1), x.size(2), att_acc.data_ptr(), out.data_ptr(),
+                     scalar_kind(x.scalar_type()), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out.to(result);
+}
+
+std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, const at::Tensor& x_in,
+                                                        const at::Tensor& att, bool x_grad, bool att_grad) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::ScalarType result = at::result_type(x_in, att), accum = logits_accum(result);
+  const at::Tensor x = logits_x(x_in, result);
+  const at::Tensor att_acc = att.to(accum).contiguous();
+  const at::Tensor grad_acc = grad.to(accum).contiguous();
+  const int64_t heads = x.size(1), dim = x.size(2);
+  at::Tensor dx = x_grad ? at::empty(x.sizes(), x.options()) : x.new_empty({0});
+  at::Tensor datt = att_grad ? at::empty({heads, dim}, att_acc.options()) : att_acc.new_empty({0});
+  at::Tensor partial = att_grad ? at::empty({node_logits_blocks(x.size(0)), heads, dim}, att_acc.options())
+                                : att_acc.new_empty({0});
+  if (att_grad && x.size(0) == 0) datt.zero_();
+  launch_node_logits_backward(grad_acc.data_ptr(), rows_of(x), heads, dim, att_acc.data_ptr(),
+                              x_grad ? dx.data_ptr() : nullptr, partial.data_ptr(),
+                              att_grad ? datt.data_ptr() : nullptr, scalar_kind(x.scalar_type()),
+                              c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dx.to(x_in.scalar_type()), datt.to(att.scalar_type())};
+}
+
 }  // namespace edgedot

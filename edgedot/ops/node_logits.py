@@ -1,0 +1,100 @@
+"""GAT's per-node logits ``<x[n, h], att[h]>`` (``GATConv``'s ``(x * att).sum(-1)``) as custom
+operators: on CUDA one pass over ``x`` forward and one backward, with ``att``'s gradient summed
+in a fixed order; on the CPU PyTorch's own product and sum.
+
+``edgedot::gat_node_logits``            ``[N, H]`` in the promoted dtype of ``x`` and ``att``.
+``edgedot::gat_node_logits_backward``   ``(dx, datt)`` in ``x``'s and ``att``'s dtypes, each an
+                                       empty ``[0]`` tensor unless wanted.
+
+The result dtype is PyTorch's promotion of the two, as for ``(x * att).sum(-1)``: a float32 ``att``
+beside bfloat16 features (autocast) gives float32 logits, as PyG's layer computes them.
+"""
+
+import torch
+
+from ..runtime.build import cuda_module
+from ..runtime.checks import FEATURE_DTYPES
+
+__all__ = ["gat_node_logits", "check_node_logits_inputs"]
+
+_lib = torch.library.Library("edgedot", "FRAGMENT")
+_lib.define("gat_node_logits(Tensor x, Tensor att) -> Tensor")
+_lib.define("gat_node_logits_backward(Tensor grad, Tensor x, Tensor att, bool x_grad, bool att_grad) "
+            "-> (Tensor, Tensor)")
+
+
+def gat_node_logits(x, att):
+    """``a[n, h] = <x[n, h], att[h]>`` for ``x`` ``[N, H, C]`` and ``att`` ``[H, C]`` (differentiable
+    in both; see the module)."""
+    check_node_logits_inputs(x, att)
+    return torch.ops.edgedot.gat_node_logits(x, att)
+
+
+def check_node_logits_inputs(x, att):
+    """TypeError / ValueError naming the malformed argument."""
+    for name, t in (("x", x), ("att", att)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dtype not in FEATURE_DTYPES:
+            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
+    if x.dim() != 3:
+        raise ValueError(f"x must be 3-D [N, H, C], got shape {tuple(x.shape)}")
+    if tuple(att.shape) != tuple(x.shape[1:]):
+        raise ValueError(f"att must be [H, C] = {list(x.shape[1:])}, got shape {tuple(att.shape)}")
+    if att.device != x.device:
+        raise ValueError(f"x is on {x.device} but att is on {att.device}; they must share a device")
+
+
+@torch.library.impl(_lib, "gat_node_logits", "CPU")
+def _forward_cpu(x, att):
+    check_node_logits_inputs(x, att)
+    return (x * att).sum(-1)
+
+
+@torch.library.impl(_lib, "gat_node_logits", "CUDA")
+def _forward_cuda(x, att):
+    check_node_logits_inputs(x, att)
+    return cuda_module().node_logits_forward(x, att)
+
+
+@torch.library.register_fake("edgedot::gat_node_logits")
+def _forward_fake(x, att):
+    check_node_logits_inputs(x, att)
+    return x.new_empty(x.shape[:2], dtype=torch.result_type(x, att))
+
+
+@torch.library.impl(_lib, "gat_node_logits_backward", "CPU")
+def _backward_cpu(grad, x, att, x_grad, att_grad):
+    check_node_logits_inputs(x, att)
+    g = grad.unsqueeze(-1)
+    dx = (g * att).to(x.dtype) if x_grad else x.new_empty(0)
+    datt = (g * x).sum(0).to(att.dtype) if att_grad else att.new_empty(0)
+    return dx, datt
+
+
+@torch.library.impl(_lib, "gat_node_logits_backward", "CUDA")
+def _backward_cuda(grad, x, att, x_grad, att_grad):
+    check_node_logits_inputs(x, att)
+    return cuda_module().node_logits_backward(grad, x, att, x_grad, att_grad)
+
+
+@torch.library.register_fake("edgedot::gat_node_logits_backward")
+def _backward_fake(grad, x, att, x_grad, att_grad):
+    check_node_logits_inputs(x, att)
+    return (x.new_empty(x.shape) if x_grad else x.new_empty(0),
+            att.new_empty(att.shape) if att_grad else att.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, att = inputs
+    ctx.save_for_backward(x, att)
+
+
+def _backward(ctx, grad):
+    x, att = ctx.saved_tensors
+    x_grad, att_grad = ctx.needs_input_grad
+    dx, datt = torch.ops.edgedot.gat_node_logits_backward(grad, x, att, x_grad, att_grad)
+    return (dx if x_grad else None), (datt if att_grad else None)
+
+
+torch.library.register_autograd("edgedot::gat_node_logits", _backward, setup_context=_setup_context)

@@ -1,0 +1,110 @@
+"""edgedot::gat_node_logits (GAT's per-node logits <x[n, h], att[h]>) on every device against
+PyTorch's (x * att).sum(-1) in float64, with gradients; dtype promotion; bad arguments."""
+
+import pytest
+import torch
+
+from edgedot.ops.node_logits import gat_node_logits
+from utils import DEVICES, dtype_id, gen, rand_feat, rel_error, requires_cuda
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _case(n, heads, dim, dtype, device, att_dtype=None, seed=0):
+    g = gen(seed)
+    x = rand_feat((n, heads, dim), dtype, device, g)
+    att = rand_feat((heads, dim), att_dtype or dtype, device, g)
+    return x, att
+
+
+def _reference(x, att, grad):
+    x64, att64 = (t.detach().double().requires_grad_() for t in (x, att))
+    out = (x64 * att64).sum(-1)
+    return (out,) + torch.autograd.grad(out, (x64, att64), grad.double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("shape", [(1000, 4, 32), (517, 3, 7), (3000, 1, 64), (5, 2, 256), (0, 4, 32)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64(device, dtype, shape):
+    x, att = _case(*shape, dtype, device)
+    x.requires_grad_()
+    att.requires_grad_()
+    out = gat_node_logits(x, att)
+    assert out.dtype == dtype and out.shape == shape[:2]
+    grad = rand_feat(out.shape, torch.float64, device, gen(1)).to(dtype)
+    dx, datt = torch.autograd.grad(out, (x, att), grad)
+    assert dx.dtype == x.dtype and datt.dtype == att.dtype and datt.shape == att.shape
+    ref, ref_dx, ref_datt = _reference(x, att, grad)
+    if shape[0] == 0:
+        assert out.numel() == 0 and dx.numel() == 0 and torch.equal(datt, torch.zeros_like(datt))
+        return
+    for name, got, want in (("out", out, ref), ("dx", dx, ref_dx), ("datt", datt, ref_datt)):
+        assert rel_error(got, want) < TOL[dtype] * max(1, shape[2] ** 0.5), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=dtype_id)
+def test_float32_att_beside_half_features(device, x_dtype):
+    """As under autocast: float32 att beside half features gives float32 logits (PyTorch's
+    promotion); the gradients come back in each input's dtype."""
+    x, att = _case(300, 4, 32, x_dtype, device, att_dtype=torch.float32)
+    x.requires_grad_()
+    att.requires_grad_()
+    out = gat_node_logits(x, att)
+    assert out.dtype == torch.float32
+    grad = rand_feat(out.shape, torch.float32, device, gen(2))
+    dx, datt = torch.autograd.grad(out, (x, att), grad)
+    assert dx.dtype == x_dtype and datt.dtype == torch.float32
+    ref, ref_dx, ref_datt = _reference(x, att, grad)
+    assert rel_error(out, ref) < 1e-5
+    assert rel_error(datt, ref_datt) < 1e-5
+    assert rel_error(dx, ref_dx) < TOL[x_dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_features(device):
+    """x as a view of a wider projection (PyG's lin output sliced): read as it is."""
+    wide = rand_feat((400, 4, 48), torch.float32, device, gen(3))
+    x = wide[:, :, 8:40]
+    att = rand_feat((4, 32), torch.float32, device, gen(4))
+    assert torch.allclose(gat_node_logits(x, att), (x * att).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_is_pytorchs_own_math():
+    x, att = _case(200, 4, 32, torch.float32, "cpu")
+    assert torch.equal(gat_node_logits(x, att), (x * att).sum(-1))
+
+
+@requires_cuda
+def test_cuda_repeats_bitwise():
+    x, att = _case(20_000, 4, 32, torch.float32, "cuda", seed=5)
+    x.requires_grad_()
+    att.requires_grad_()
+    grad = rand_feat((20_000, 4), torch.float32, "cuda", gen(6))
+    first = [gat_node_logits(x, att)] + list(torch.autograd.grad(gat_node_logits(x, att), (x, att), grad))
+    for _ in range(3):
+        again = [gat_node_logits(x, att)] + list(torch.autograd.grad(gat_node_logits(x, att), (x, att), grad))
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_opcheck():
+    x, att = _case(50, 3, 8, torch.float64, "cpu")
+    torch.library.opcheck(torch.ops.edgedot.gat_node_logits.default, (x.requires_grad_(), att.requires_grad_()))
+
+
+def test_gradcheck():
+    x, att = _case(20, 2, 5, torch.float64, "cpu")
+    assert torch.autograd.gradcheck(gat_node_logits, (x.requires_grad_(), att.requires_grad_()))
+
+
+@pytest.mark.parametrize("x, att, error, match", [
+    (torch.zeros(4, 8), torch.zeros(1, 8), ValueError, "x must be 3-D"),
+    (torch.zeros(4, 2, 8), torch.zeros(2, 7), ValueError, r"att must be \[H, C\]"),
+    (torch.zeros(4, 2, 8, dtype=torch.int64), torch.zeros(2, 8), TypeError, "x must be float32"),
+    (torch.zeros(4, 2, 8), "att", TypeError, "att must be a tensor"),
+])
+def test_bad_arguments(x, att, error, match):
+    with pytest.raises(error, match=match):
+        gat_node_logits(x, att)
