@@ -89,8 +89,9 @@ def test_cuda_repeats_bitwise():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_opcheck():
-    x, att = _case(50, 3, 8, torch.float64, "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x, att = _case(50, 3, 8, torch.float64, device)
     torch.library.opcheck(torch.ops.edgedot.gat_node_logits.default, (x.requires_grad_(), att.requires_grad_()))
 
 
