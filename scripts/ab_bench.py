@@ -159,6 +159,7 @@ def main():
     for _ in range(args.rounds):
         for side, root in (("a", args.a), ("b", args.b)):
             runs[side].append(run_worker(side, os.path.abspath(root), names, args.reps))
+            print(f"{side} round {len(runs[side])}: {json.dumps(runs[side][-1])}", flush=True)  # kept if cut short
     table = {}
     print(f"{'case':28s} {'mode':18s} {'A us':>10s} {'B us':>10s} {'B/A':>6s}")
     for name in names:
