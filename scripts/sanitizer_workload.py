@@ -185,12 +185,12 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
         edgedot.agnn_attention(x, beta, src, dst, check_indices=False).nan_to_num().sum().backward()
 
 # GAT's per-node logits: every dtype, att in float32 beside narrower x (autocast), rows not a
-# multiple of a backward block, misaligned channels, a strided x.
+# multiple of a backward block, misaligned channels, a strided x, one side or both.
 for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     for N, H, C in [(1, 1, 1), (130, 3, 33), (1000, 4, 32), (70, 2, 256)]:
         x = torch.randn(N, H, C + 1, device=dev, dtype=dt)[..., 1:].requires_grad_()
-        for att_dt in {dt, torch.float32}:
-            att = torch.randn(H, C, device=dev, dtype=att_dt, requires_grad=True)
+        for att_dt, sides in {(dt, ()), (torch.float32, ()), (dt, (2,))}:  # one side, or both at once
+            att = torch.randn(*sides, H, C, device=dev, dtype=att_dt, requires_grad=True)
             logits = edgedot.ops.node_logits.gat_node_logits(x, att)
             logits.backward(torch.randn_like(logits))
 

@@ -10,16 +10,18 @@ from utils import DEVICES, dtype_id, gen, rand_feat, rel_error, requires_cuda
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
-def _case(n, heads, dim, dtype, device, att_dtype=None, seed=0):
+def _case(n, heads, dim, dtype, device, att_dtype=None, seed=0, sides=None):
+    """x [n, heads, dim] and att [heads, dim], or [sides, heads, dim]."""
     g = gen(seed)
     x = rand_feat((n, heads, dim), dtype, device, g)
-    att = rand_feat((heads, dim), att_dtype or dtype, device, g)
+    att = rand_feat((sides, heads, dim) if sides else (heads, dim), att_dtype or dtype, device, g)
     return x, att
 
 
 def _reference(x, att, grad):
+    """PyG's math in float64: (x * att).sum(-1) per side, and its gradients."""
     x64, att64 = (t.detach().double().requires_grad_() for t in (x, att))
-    out = (x64 * att64).sum(-1)
+    out = (x64 * att64).sum(-1) if att.dim() == 2 else torch.stack([(x64 * a).sum(-1) for a in att64])
     return (out,) + torch.autograd.grad(out, (x64, att64), grad.double())
 
 
@@ -27,12 +29,13 @@ def _reference(x, att, grad):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("shape", [(1000, 4, 32), (517, 3, 7), (3000, 1, 64), (5, 2, 256), (0, 4, 32)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_matches_float64(device, dtype, shape):
-    x, att = _case(*shape, dtype, device)
+@pytest.mark.parametrize("sides", [None, 2], ids=["att_HC", "att_2HC"])
+def test_matches_float64(device, dtype, shape, sides):
+    x, att = _case(*shape, dtype, device, sides=sides)
     x.requires_grad_()
     att.requires_grad_()
     out = gat_node_logits(x, att)
-    assert out.dtype == dtype and out.shape == shape[:2]
+    assert out.dtype == dtype and out.shape == ((sides,) if sides else ()) + shape[:2]
     grad = rand_feat(out.shape, torch.float64, device, gen(1)).to(dtype)
     dx, datt = torch.autograd.grad(out, (x, att), grad)
     assert dx.dtype == x.dtype and datt.dtype == att.dtype and datt.shape == att.shape
@@ -77,12 +80,20 @@ def test_cpu_is_pytorchs_own_math():
     assert torch.equal(gat_node_logits(x, att), (x * att).sum(-1))
 
 
+def test_two_sides_on_cpu_are_each_sides_own_math():
+    """Both sides in one call give what each side alone gives (PyG computes them apart)."""
+    x, att = _case(200, 4, 32, torch.float32, "cpu", sides=2)
+    both = gat_node_logits(x, att)
+    assert torch.equal(both[0], (x * att[0]).sum(-1)) and torch.equal(both[1], (x * att[1]).sum(-1))
+
+
 @requires_cuda
-def test_cuda_repeats_bitwise():
-    x, att = _case(20_000, 4, 32, torch.float32, "cuda", seed=5)
+@pytest.mark.parametrize("sides", [None, 2], ids=["att_HC", "att_2HC"])
+def test_cuda_repeats_bitwise(sides):
+    x, att = _case(20_000, 4, 32, torch.float32, "cuda", seed=5, sides=sides)
     x.requires_grad_()
     att.requires_grad_()
-    grad = rand_feat((20_000, 4), torch.float32, "cuda", gen(6))
+    grad = rand_feat(((sides,) if sides else ()) + (20_000, 4), torch.float32, "cuda", gen(6))
     first = [gat_node_logits(x, att)] + list(torch.autograd.grad(gat_node_logits(x, att), (x, att), grad))
     for _ in range(3):
         again = [gat_node_logits(x, att)] + list(torch.autograd.grad(gat_node_logits(x, att), (x, att), grad))
@@ -90,19 +101,22 @@ def test_cuda_repeats_bitwise():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    x, att = _case(50, 3, 8, torch.float64, device)
+@pytest.mark.parametrize("sides", [None, 2], ids=["att_HC", "att_2HC"])
+def test_opcheck(device, sides):
+    x, att = _case(50, 3, 8, torch.float64, device, sides=sides)
     torch.library.opcheck(torch.ops.edgedot.gat_node_logits.default, (x.requires_grad_(), att.requires_grad_()))
 
 
-def test_gradcheck():
-    x, att = _case(20, 2, 5, torch.float64, "cpu")
+@pytest.mark.parametrize("sides", [None, 2], ids=["att_HC", "att_2HC"])
+def test_gradcheck(sides):
+    x, att = _case(20, 2, 5, torch.float64, "cpu", sides=sides)
     assert torch.autograd.gradcheck(gat_node_logits, (x.requires_grad_(), att.requires_grad_()))
 
 
 @pytest.mark.parametrize("x, att, error, match", [
     (torch.zeros(4, 8), torch.zeros(1, 8), ValueError, "x must be 3-D"),
-    (torch.zeros(4, 2, 8), torch.zeros(2, 7), ValueError, r"att must be \[H, C\]"),
+    (torch.zeros(4, 2, 8), torch.zeros(2, 7), ValueError, r"att must be \[H, C\] or \[2, H, C\]"),
+    (torch.zeros(4, 2, 8), torch.zeros(3, 2, 8), ValueError, r"att must be \[H, C\] or \[2, H, C\]"),
     (torch.zeros(4, 2, 8, dtype=torch.int64), torch.zeros(2, 8), TypeError, "x must be float32"),
     (torch.zeros(4, 2, 8), "att", TypeError, "att must be a tensor"),
 ])

@@ -30,7 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_backward", &edgedot::gat_backward,
         "gradients of fused GAT attention by recomputation: (dx, da_src, da_dst, da_edge) (CUDA)");
   m.def("node_logits_forward", &edgedot::node_logits_forward,
-        "GAT's per-node logits <x[n, h], att[h]>: [N, H] in the promoted dtype (CUDA)");
+        "GAT's per-node logits <x[n, h], att[k, h]>: [N, H] or [2, N, H] in the promoted dtype (CUDA)");
   m.def("node_logits_backward", &edgedot::node_logits_backward,
         "gradients of GAT's per-node logits: (dx, datt), each empty unless wanted (CUDA)");
   m.def("gatv2_backward", &edgedot::gatv2_backward,

@@ -2,7 +2,12 @@
 operators: on CUDA one pass over ``x`` forward and one backward, with ``att``'s gradient summed
 in a fixed order; on the CPU PyTorch's own product and sum.
 
-``edgedot::gat_node_logits``            ``[N, H]`` in the promoted dtype of ``x`` and ``att``.
+``att`` is ``[H, C]``, or ``[2, H, C]`` for a layer's source and destination sides over the same
+features: both logits from one read of ``x``, and one ``dx`` (the two sides' terms added in the
+kernel, not by autograd).
+
+``edgedot::gat_node_logits``            ``[N, H]`` (``[2, N, H]`` for two sides) in the promoted
+                                       dtype of ``x`` and ``att``.
 ``edgedot::gat_node_logits_backward``   ``(dx, datt)`` in ``x``'s and ``att``'s dtypes, each an
                                        empty ``[0]`` tensor unless wanted.
 
@@ -24,8 +29,8 @@ _lib.define("gat_node_logits_backward(Tensor grad, Tensor x, Tensor att, bool x_
 
 
 def gat_node_logits(x, att):
-    """``a[n, h] = <x[n, h], att[h]>`` for ``x`` ``[N, H, C]`` and ``att`` ``[H, C]`` (differentiable
-    in both; see the module)."""
+    """``a[n, h] = <x[n, h], att[h]>`` for ``x`` ``[N, H, C]`` and ``att`` ``[H, C]``; for ``att``
+    ``[2, H, C]``, ``a[k, n, h] = <x[n, h], att[k, h]>`` (differentiable in both; see the module)."""
     check_node_logits_inputs(x, att)
     return torch.ops.edgedot.gat_node_logits(x, att)
 
@@ -39,8 +44,9 @@ def check_node_logits_inputs(x, att):
             raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
     if x.dim() != 3:
         raise ValueError(f"x must be 3-D [N, H, C], got shape {tuple(x.shape)}")
-    if tuple(att.shape) != tuple(x.shape[1:]):
-        raise ValueError(f"att must be [H, C] = {list(x.shape[1:])}, got shape {tuple(att.shape)}")
+    if tuple(att.shape) not in (tuple(x.shape[1:]), (2,) + tuple(x.shape[1:])):
+        raise ValueError(f"att must be [H, C] or [2, H, C] with [H, C] = {list(x.shape[1:])}, "
+                         f"got shape {tuple(att.shape)}")
     if att.device != x.device:
         raise ValueError(f"x is on {x.device} but att is on {att.device}; they must share a device")
 
@@ -48,7 +54,9 @@ def check_node_logits_inputs(x, att):
 @torch.library.impl(_lib, "gat_node_logits", "CPU")
 def _forward_cpu(x, att):
     check_node_logits_inputs(x, att)
-    return (x * att).sum(-1)
+    if att.dim() == 2:
+        return (x * att).sum(-1)
+    return torch.stack([(x * side).sum(-1) for side in att])
 
 
 @torch.library.impl(_lib, "gat_node_logits", "CUDA")
@@ -60,16 +68,23 @@ def _forward_cuda(x, att):
 @torch.library.register_fake("edgedot::gat_node_logits")
 def _forward_fake(x, att):
     check_node_logits_inputs(x, att)
-    return x.new_empty(x.shape[:2], dtype=torch.result_type(x, att))
+    return x.new_empty(att.shape[:-2] + x.shape[:2], dtype=torch.result_type(x, att))
 
 
 @torch.library.impl(_lib, "gat_node_logits_backward", "CPU")
 def _backward_cpu(grad, x, att, x_grad, att_grad):
     check_node_logits_inputs(x, att)
-    g = grad.unsqueeze(-1)
-    dx = (g * att).to(x.dtype) if x_grad else x.new_empty(0)
-    datt = (g * x).sum(0).to(att.dtype) if att_grad else att.new_empty(0)
-    return dx, datt
+    sides = att.reshape(-1, *att.shape[-2:])  # [K, H, C]
+    grads = grad.reshape(len(sides), *grad.shape[-2:]).unsqueeze(-1)  # [K, N, H, 1]
+    dx = datt = None
+    if x_grad:
+        dx = grads[0] * sides[0]
+        for g, side in zip(grads[1:], sides[1:]):
+            dx = dx + g * side
+    if att_grad:
+        datt = torch.stack([(g * x).sum(0) for g in grads]).view(att.shape)
+    dx = x.new_empty(0) if dx is None else dx.to(x.dtype)
+    return dx, (att.new_empty(0) if datt is None else datt.to(att.dtype))
 
 
 @torch.library.impl(_lib, "gat_node_logits_backward", "CUDA")

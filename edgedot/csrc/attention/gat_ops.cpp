@@ -269,18 +269,27 @@ at::Tensor logits_x(const at::Tensor& x, at::ScalarType result) {
 
 at::ScalarType logits_accum(at::ScalarType result) { return result == at::kDouble ? at::kDouble : at::kFloat; }
 
+// att as [sides, H, C]: a lone [H, C] is one side.
+at::Tensor logits_att(const at::Tensor& att, at::ScalarType accum) {
+  const at::Tensor sided = att.dim() == 2 ? att.unsqueeze(0) : att;
+  TORCH_CHECK_VALUE(sided.dim() == 3 && (sided.size(0) == 1 || sided.size(0) == 2),
+                    "edgedot: att must be [H, C] or [2, H, C], got ", att.sizes());
+  return sided.to(accum).contiguous();
+}
+
 }  // namespace
 
 at::Tensor node_logits_forward(const at::Tensor& x_in, const at::Tensor& att) {
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::ScalarType result = at::result_type(x_in, att);
+  const at::ScalarType result = at::result_type(x_in, att), accum = logits_accum(result);
   const at::Tensor x = logits_x(x_in, result);
-  const at::Tensor att_acc = att.to(logits_accum(result)).contiguous();
-  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options().dtype(logits_accum(result)));
-  launch_node_logits(rows_of(x), x.size(1), x.size(2), att_acc.data_ptr(), out.data_ptr(),
+  const at::Tensor att_acc = logits_att(att, accum);
+  const int64_t sides = att_acc.size(0);
+  at::Tensor out = at::empty({sides, x.size(0), x.size(1)}, x.options().dtype(accum));
+  launch_node_logits(rows_of(x), x.size(1), x.size(2), sides, att_acc.data_ptr(), out.data_ptr(),
                      scalar_kind(x.scalar_type()), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out.to(result);
+  return (att.dim() == 2 ? out.squeeze(0) : out).to(result);
 }
 
 std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, const at::Tensor& x_in,
@@ -288,20 +297,20 @@ std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, 
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::ScalarType result = at::result_type(x_in, att), accum = logits_accum(result);
   const at::Tensor x = logits_x(x_in, result);
-  const at::Tensor att_acc = att.to(accum).contiguous();
+  const at::Tensor att_acc = logits_att(att, accum);
+  const int64_t sides = att_acc.size(0), heads = x.size(1), dim = x.size(2);
   const at::Tensor grad_acc = grad.to(accum).contiguous();
-  const int64_t heads = x.size(1), dim = x.size(2);
   at::Tensor dx = x_grad ? at::empty(x.sizes(), x.options()) : x.new_empty({0});
-  at::Tensor datt = att_grad ? at::empty({heads, dim}, att_acc.options()) : att_acc.new_empty({0});
-  at::Tensor partial = att_grad ? at::empty({node_logits_blocks(x.size(0)), heads, dim}, att_acc.options())
+  at::Tensor datt = att_grad ? at::empty(att_acc.sizes(), att_acc.options()) : att_acc.new_empty({0});
+  at::Tensor partial = att_grad ? at::empty({node_logits_blocks(x.size(0)), sides, heads, dim}, att_acc.options())
                                 : att_acc.new_empty({0});
   if (att_grad && x.size(0) == 0) datt.zero_();
-  launch_node_logits_backward(grad_acc.data_ptr(), rows_of(x), heads, dim, att_acc.data_ptr(),
+  launch_node_logits_backward(grad_acc.data_ptr(), rows_of(x), heads, dim, sides, att_acc.data_ptr(),
                               x_grad ? dx.data_ptr() : nullptr, partial.data_ptr(),
                               att_grad ? datt.data_ptr() : nullptr, scalar_kind(x.scalar_type()),
                               c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {dx.to(x_in.scalar_type()), datt.to(att.scalar_type())};
+  return {dx.to(x_in.scalar_type()), (att_grad ? datt.view(att.sizes()) : datt).to(att.scalar_type())};
 }
 
 }  // namespace edgedot

@@ -32,9 +32,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad,
     bool src_grad);
 
-// GAT's per-node logits <x[n, h], att[h]>: [N, H] in the promoted dtype of x ([N, H, C]) and att
-// ([H, C]); and their gradients for grad ([N, H]): (dx in x's dtype, datt in att's), each an
-// empty tensor unless wanted.
+// GAT's per-node logits <x[n, h], att[k, h]> for x [N, H, C] and att [H, C] (giving [N, H]) or
+// [2, H, C] (both sides of a layer over the same x, giving [2, N, H]), in the promoted dtype; and
+// their gradients for grad of that shape: (dx in x's dtype, datt in att's), each an empty tensor
+// unless wanted.
 at::Tensor node_logits_forward(const at::Tensor& x, const at::Tensor& att);
 std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, const at::Tensor& x,
                                                         const at::Tensor& att, bool x_grad, bool att_grad);

@@ -1,8 +1,10 @@
-// GAT's per-node logits a[n, h] = <x[n, h], att[h]> and their gradients. PyTorch computes them as
-// (x * att).sum(-1): an [N, H, C] product in memory, and in the backward another, reduced over the
-// N nodes by a reduce kernel with only H * C outputs to spread. Here the forward reads x once, and
-// the backward reads x and writes dx in one pass, att's gradient summed per block of rows and then
-// over the blocks in a fixed order (bitwise reproducible).
+// GAT's per-node logits out[k, n, h] = <x[n, h], att[k, h]> for one or two attention vectors (a
+// layer's source and destination sides over the same features) and their gradients. PyTorch
+// computes each side as (x * att).sum(-1): an [N, H, C] product in memory, and in the backward
+// another, reduced over the N nodes by a reduce kernel with only H * C outputs to spread, then the
+// two sides' dx added. Here the forward reads x once for both sides, and the backward reads x and
+// writes dx once, att's gradient summed per block of rows and then over the blocks in a fixed
+// order (bitwise reproducible).
 #include <algorithm>
 
 #include "common/common.cuh"
@@ -15,9 +17,13 @@ namespace {
 // the order of the sums does not depend on the device.
 constexpr int64_t kRowsPerBlock = 64;
 constexpr int64_t kMaxBlocks = 4096;
+// (n, h) units a warp reduces at once: their loads are in flight together (one 128-byte row a
+// unit is too little to cover the memory latency).
+constexpr int kUnitsPerWarp = 8;
 
-// A warp per (n, h): its lanes stride over the channels, then a butterfly sum.
-template <typename T>
+// A warp per kUnitsPerWarp consecutive (n, h) units: its lanes stride over the channels, then a
+// butterfly sum per unit and side.
+template <typename T, int Sides>
 __global__ void node_logits_kernel(Rows x, int64_t heads, int64_t dim, const accum_t<T>* __restrict__ att,
                                    accum_t<T>* __restrict__ out) {
   using A = accum_t<T>;
@@ -25,49 +31,115 @@ __global__ void node_logits_kernel(Rows x, int64_t heads, int64_t dim, const acc
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t unit = warp; unit < x.num_rows * heads; unit += warps) {
-    const int64_t n = unit / heads, h = unit - n * heads;
-    const T* row = data + n * x.row_stride + h * x.head_stride;
-    A sum = 0;
-    for (int64_t c = lane; c < dim; c += 32) sum += to_accum(row[c]) * att[h * dim + c];
+  const int64_t units = x.num_rows * heads;
+  for (int64_t first = warp * kUnitsPerWarp; first < units; first += warps * kUnitsPerWarp) {
+    const T* row[kUnitsPerWarp];
+    const A* att_row[kUnitsPerWarp];
+    A sum[kUnitsPerWarp][Sides];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) out[unit] = sum;
+    for (int u = 0; u < kUnitsPerWarp; ++u) {
+      const int64_t unit = first + u < units ? first + u : units - 1;  // past the end: recomputes the last
+      const int64_t n = unit / heads, h = unit - n * heads;
+      row[u] = data + n * x.row_stride + h * x.head_stride;
+      att_row[u] = att + h * dim;
+#pragma unroll
+      for (int k = 0; k < Sides; ++k) sum[u][k] = 0;
+    }
+    for (int64_t c = lane; c < dim; c += 32) {
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarp; ++u) {
+        const A value = to_accum(row[u][c]);
+#pragma unroll
+        for (int k = 0; k < Sides; ++k) sum[u][k] += value * att_row[u][k * heads * dim + c];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarp; ++u) {
+#pragma unroll
+      for (int k = 0; k < Sides; ++k) {
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) sum[u][k] += __shfl_xor_sync(0xffffffffu, sum[u][k], offset);
+        if (lane == 0 && first + u < units) out[k * units + first + u] = sum[u][k];
+      }
+    }
   }
 }
 
-// Block b takes `rows` rows from b * rows; a thread per (h, c) writes dx = grad * att (dx not null)
-// and its share of att's gradient, the sum of grad * x over the block's rows (partial not null).
-template <typename T>
+// Block b takes `rows` rows from b * rows; a thread per (h, c) writes dx = sum over sides of
+// grad * att (dx not null) and its share of each side's att gradient, the sum of grad * x over
+// the block's rows (partial not null).
+template <typename T, int Sides>
 __global__ void node_logits_backward_kernel(const accum_t<T>* __restrict__ grad, Rows x, int64_t heads, int64_t dim,
                                             const accum_t<T>* __restrict__ att, T* __restrict__ dx,
                                             accum_t<T>* __restrict__ partial, int64_t rows) {
   using A = accum_t<T>;
   const T* data = static_cast<const T*>(x.data);
+  const int64_t width = heads * dim, units = x.num_rows * heads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows;
   const int64_t last = first + rows < x.num_rows ? first + rows : x.num_rows;
-  for (int64_t hc = threadIdx.x; hc < heads * dim; hc += blockDim.x) {
+  for (int64_t hc = threadIdx.x; hc < width; hc += blockDim.x) {
     const int64_t h = hc / dim, c = hc - h * dim;
-    const A a = att[hc];
-    A sum = 0;
-    for (int64_t n = first; n < last; ++n) {
-      const A g = grad[n * heads + h];
-      if (partial != nullptr) sum += g * to_accum(data[n * x.row_stride + h * x.head_stride + c]);
-      if (dx != nullptr) dx[n * heads * dim + hc] = from_accum<T>(g * a);
+    A a[Sides], sum[Sides];
+#pragma unroll
+    for (int k = 0; k < Sides; ++k) {
+      a[k] = att[k * width + hc];
+      sum[k] = 0;
     }
-    if (partial != nullptr) partial[blockIdx.x * heads * dim + hc] = sum;
+#pragma unroll 4
+    for (int64_t n = first; n < last; ++n) {
+      A g[Sides];
+#pragma unroll
+      for (int k = 0; k < Sides; ++k) g[k] = grad[k * units + n * heads + h];
+      if (partial != nullptr) {
+        const A value = to_accum(data[n * x.row_stride + h * x.head_stride + c]);
+#pragma unroll
+        for (int k = 0; k < Sides; ++k) sum[k] += g[k] * value;
+      }
+      if (dx != nullptr) {
+        A d = g[0] * a[0];
+#pragma unroll
+        for (int k = 1; k < Sides; ++k) d += g[k] * a[k];
+        dx[n * width + hc] = from_accum<T>(d);
+      }
+    }
+    if (partial != nullptr) {
+#pragma unroll
+      for (int k = 0; k < Sides; ++k) partial[(blockIdx.x * Sides + k) * width + hc] = sum[k];
+    }
   }
 }
 
-// att's gradient: the blocks' partial sums added in block order.
+// att's gradient: the blocks' partial sums [blocks, width] added in a fixed order. A block of 32 x
+// 32 threads per 32 columns: thread (col, lane) sums blocks lane, lane + 32, ... in order, then
+// lane 0 adds the 32 sums in lane order.
+constexpr int kSumLanes = 32;
+
 template <typename A>
 __global__ void sum_partials_kernel(const A* __restrict__ partial, A* __restrict__ datt, int64_t blocks,
                                     int64_t width) {
-  for (int64_t hc = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; hc < width;
-       hc += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    A sum = 0;
-    for (int64_t b = 0; b < blocks; ++b) sum += partial[b * width + hc];
-    datt[hc] = sum;
+  __shared__ A sums[kSumLanes][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  A sum = 0;
+  if (col < width) {
+#pragma unroll 4
+    for (int64_t b = threadIdx.y; b < blocks; b += kSumLanes) sum += partial[b * width + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < width) {
+    A total = 0;
+    for (int lane = 0; lane < kSumLanes; ++lane) total += sums[lane][threadIdx.x];
+    datt[col] = total;
+  }
+}
+
+// sides is 1 or 2 (checked by the caller).
+template <typename F>
+void dispatch_sides(int64_t sides, F&& f) {
+  if (sides == 1) {
+    f(std::integral_constant<int, 1>());
+  } else {
+    f(std::integral_constant<int, 2>());
   }
 }
 
@@ -77,20 +149,24 @@ int64_t node_logits_blocks(int64_t num_rows) {
   return std::max<int64_t>(1, std::min((num_rows + kRowsPerBlock - 1) / kRowsPerBlock, kMaxBlocks));
 }
 
-void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, const void* att, void* out, ScalarKind scalar,
-                        cudaStream_t stream) {
+void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, int64_t sides, const void* att, void* out,
+                        ScalarKind scalar, cudaStream_t stream) {
   if (x.num_rows * heads == 0) return;
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
     using A = accum_t<T>;
-    auto kernel = node_logits_kernel<T>;
-    kernel<<<grid_blocks(kernel, x.num_rows * heads * 32), kBlockThreads, 0, stream>>>(
-        x, heads, dim, static_cast<const A*>(att), static_cast<A*>(out));
+    dispatch_sides(sides, [&](auto sides_constant) {
+      auto kernel = node_logits_kernel<T, decltype(sides_constant)::value>;
+      const int64_t warps = (x.num_rows * heads + kUnitsPerWarp - 1) / kUnitsPerWarp;
+      kernel<<<grid_blocks(kernel, warps * 32), kBlockThreads, 0, stream>>>(x, heads, dim, static_cast<const A*>(att),
+                                                                           static_cast<A*>(out));
+    });
   });
 }
 
-void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads, int64_t dim, const void* att,
-                                 void* dx, void* partial, void* datt, ScalarKind scalar, cudaStream_t stream) {
+void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads, int64_t dim, int64_t sides,
+                                 const void* att, void* dx, void* partial, void* datt, ScalarKind scalar,
+                                 cudaStream_t stream) {
   const int64_t width = heads * dim;
   if (width == 0 || x.num_rows == 0 || (dx == nullptr && datt == nullptr)) return;
   const int64_t blocks = node_logits_blocks(x.num_rows);
@@ -99,13 +175,16 @@ void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads,
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
     using A = accum_t<T>;
-    node_logits_backward_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<const A*>(grad), x, heads, dim, static_cast<const A*>(att), static_cast<T*>(dx),
-        datt != nullptr ? static_cast<A*>(partial) : nullptr, rows);
+    dispatch_sides(sides, [&](auto sides_constant) {
+      node_logits_backward_kernel<T, decltype(sides_constant)::value>
+          <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+              static_cast<const A*>(grad), x, heads, dim, static_cast<const A*>(att), static_cast<T*>(dx),
+              datt != nullptr ? static_cast<A*>(partial) : nullptr, rows);
+    });
     if (datt != nullptr) {
-      const int64_t sum_blocks = std::min<int64_t>((width + kBlockThreads - 1) / kBlockThreads, 1024);
-      sum_partials_kernel<A><<<static_cast<unsigned>(sum_blocks), kBlockThreads, 0, stream>>>(
-          static_cast<const A*>(partial), static_cast<A*>(datt), blocks, width);
+      const int64_t columns = sides * width;
+      sum_partials_kernel<A><<<static_cast<unsigned>((columns + 31) / 32), dim3(32, kSumLanes), 0, stream>>>(
+          static_cast<const A*>(partial), static_cast<A*>(datt), blocks, columns);
     }
   });
 }

@@ -362,15 +362,18 @@ void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStrea
 void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 
-// GAT's per-node logits (attention/node_logits.cu): out[n, h] = <x[n, h], att[h]> for x of `scalar`
-// and att [heads, dim] and out [num_rows, heads] in its accumulation type.
-void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, const void* att, void* out, ScalarKind scalar,
-                        cudaStream_t stream);
-// Their gradients for grad [num_rows, heads] (accumulation type): dx [num_rows, heads, dim] = grad *
-// att in x's type where dx is not null, and att's gradient [heads, dim] (accumulation type, through
-// partial, [node_logits_blocks(num_rows), heads, dim]) where datt is not null.
+// GAT's per-node logits (attention/node_logits.cu): out[k, n, h] = <x[n, h], att[k, h]> for x of
+// `scalar`, att [sides, heads, dim] (sides 1 or 2) and out [sides, num_rows, heads] in its
+// accumulation type.
+void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, int64_t sides, const void* att, void* out,
+                        ScalarKind scalar, cudaStream_t stream);
+// Their gradients for grad [sides, num_rows, heads] (accumulation type): dx [num_rows, heads, dim] =
+// sum over k of grad[k] * att[k] in x's type where dx is not null, and att's gradient [sides, heads,
+// dim] (accumulation type, through partial, [node_logits_blocks(num_rows), sides, heads, dim]) where
+// datt is not null.
 int64_t node_logits_blocks(int64_t num_rows);
-void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads, int64_t dim, const void* att,
-                                 void* dx, void* partial, void* datt, ScalarKind scalar, cudaStream_t stream);
+void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads, int64_t dim, int64_t sides,
+                                 const void* att, void* dx, void* partial, void* datt, ScalarKind scalar,
+                                 cudaStream_t stream);
 
 }  // namespace edgedot
