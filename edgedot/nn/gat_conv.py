@@ -450,12 +450,12 @@ class GATConv(_GATBase):
         if x_dst is not None and x_dst is x_src:  # both sides from one read of x
             logits = torch.ops.edgedot.gat_node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
             a_src, a_dst = logits[0], logits[1]
-        elif x_dst is not None:
-            a_src = torch.ops.edgedot.gat_node_logits(x_src, self.att_src.view(H, C))
-            a_dst = torch.ops.edgedot.gat_node_logits(x_dst, self.att_dst.view(H, C))
         else:
             a_src = torch.ops.edgedot.gat_node_logits(x_src, self.att_src.view(H, C))
-            a_dst = x_src.new_zeros(num_dst, self.heads)
+            if x_dst is not None:
+                a_dst = torch.ops.edgedot.gat_node_logits(x_dst, self.att_dst.view(H, C))
+            else:
+                a_dst = x_src.new_zeros(num_dst, self.heads)
         a_edge: OptTensor = None
         if edge_attr is not None and self.lin_edge is not None:
             if edge_attr.dim() == 1:
