@@ -18,7 +18,7 @@ beside bfloat16 features (autocast) gives float32 logits, as PyG's layer compute
 import torch
 
 from ..runtime.build import cuda_module
-from ..runtime.checks import FEATURE_DTYPES
+from ..runtime.checks import FEATURE_DTYPES, check_feature
 
 __all__ = ["gat_node_logits", "check_node_logits_inputs"]
 
@@ -37,11 +37,11 @@ def gat_node_logits(x, att):
 
 def check_node_logits_inputs(x, att):
     """TypeError / ValueError naming the malformed argument."""
-    for name, t in (("x", x), ("att", att)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-        if t.dtype not in FEATURE_DTYPES:
-            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
+    check_feature("x", x)
+    if not isinstance(att, torch.Tensor):
+        raise TypeError(f"att must be a tensor, got {type(att).__name__}")
+    if att.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"att must be float32, float64, float16 or bfloat16, got {att.dtype}")
     if x.dim() != 3:
         raise ValueError(f"x must be 3-D [N, H, C], got shape {tuple(x.shape)}")
     if tuple(att.shape) not in (tuple(x.shape[1:]), (2,) + tuple(x.shape[1:])):
