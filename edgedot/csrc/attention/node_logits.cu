@@ -17,50 +17,42 @@ namespace {
 // the order of the sums does not depend on the device.
 constexpr int64_t kRowsPerBlock = 64;
 constexpr int64_t kMaxBlocks = 4096;
-// (n, h) units a warp reduces at once: their loads are in flight together (one 128-byte row a
-// unit is too little to cover the memory latency).
-constexpr int kUnitsPerWarp = 8;
 
-// A warp per kUnitsPerWarp consecutive (n, h) units: its lanes stride over the channels, then a
-// butterfly sum per unit and side.
-template <typename T, int Sides>
+// A team of `group` lanes per (n, h) unit, 32 / group units a warp: the lanes stride over the
+// unit's VEC-element vectors (16-byte loads where x allows), then a butterfly sum per side. Every
+// lane of a warp takes the same trip counts (the shuffles need all 32): units past the end are
+// computed on the last unit and not written.
+template <typename T, int VEC, int Sides>
 __global__ void node_logits_kernel(Rows x, int64_t heads, int64_t dim, const accum_t<T>* __restrict__ att,
-                                   accum_t<T>* __restrict__ out) {
+                                   accum_t<T>* __restrict__ out, int group) {
   using A = accum_t<T>;
   const T* data = static_cast<const T*>(x.data);
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, team_lane = lane & (group - 1), per_warp = 32 / group;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int64_t units = x.num_rows * heads;
-  for (int64_t first = warp * kUnitsPerWarp; first < units; first += warps * kUnitsPerWarp) {
-    const T* row[kUnitsPerWarp];
-    const A* att_row[kUnitsPerWarp];
-    A sum[kUnitsPerWarp][Sides];
+  const int64_t units = x.num_rows * heads, vectors = dim / VEC, side_stride = heads * dim;
+  for (int64_t first = warp * per_warp; first < units; first += warps * per_warp) {
+    const int64_t unit = first + lane / group < units ? first + lane / group : units - 1;
+    const int64_t n = unit / heads, h = unit - n * heads;
+    const T* row = data + n * x.row_stride + h * x.head_stride;
+    const A* att_row = att + h * dim;
+    A sum[Sides];
 #pragma unroll
-    for (int u = 0; u < kUnitsPerWarp; ++u) {
-      const int64_t unit = first + u < units ? first + u : units - 1;  // past the end: recomputes the last
-      const int64_t n = unit / heads, h = unit - n * heads;
-      row[u] = data + n * x.row_stride + h * x.head_stride;
-      att_row[u] = att + h * dim;
+    for (int k = 0; k < Sides; ++k) sum[k] = 0;
+#pragma unroll 4
+    for (int64_t v = team_lane; v < vectors; v += group) {
+      const Vec<T, VEC> values = load_vec<T, VEC>(row + v * VEC);
 #pragma unroll
-      for (int k = 0; k < Sides; ++k) sum[u][k] = 0;
-    }
-    for (int64_t c = lane; c < dim; c += 32) {
+      for (int j = 0; j < VEC; ++j) {
+        const A value = to_accum(values.v[j]);
 #pragma unroll
-      for (int u = 0; u < kUnitsPerWarp; ++u) {
-        const A value = to_accum(row[u][c]);
-#pragma unroll
-        for (int k = 0; k < Sides; ++k) sum[u][k] += value * att_row[u][k * heads * dim + c];
+        for (int k = 0; k < Sides; ++k) sum[k] += value * __ldg(att_row + k * side_stride + v * VEC + j);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnitsPerWarp; ++u) {
-#pragma unroll
-      for (int k = 0; k < Sides; ++k) {
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) sum[u][k] += __shfl_xor_sync(0xffffffffu, sum[u][k], offset);
-        if (lane == 0 && first + u < units) out[k * units + first + u] = sum[u][k];
-      }
+    for (int k = 0; k < Sides; ++k) {
+      sum[k] = group_sum(sum[k], group);
+      if (team_lane == 0 && first + lane / group < units) out[k * units + unit] = sum[k];
     }
   }
 }
@@ -155,11 +147,20 @@ void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, int64_t sides
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
     using A = accum_t<T>;
+    const bool wide = rows_vectorizable<T>(x, dim);
+    const int group = group_size(wide ? dim / wide_vec<T>() : dim);
+    const int64_t warps = (x.num_rows * heads + 32 / group - 1) / (32 / group);
     dispatch_sides(sides, [&](auto sides_constant) {
-      auto kernel = node_logits_kernel<T, decltype(sides_constant)::value>;
-      const int64_t warps = (x.num_rows * heads + kUnitsPerWarp - 1) / kUnitsPerWarp;
-      kernel<<<grid_blocks(kernel, warps * 32), kBlockThreads, 0, stream>>>(x, heads, dim, static_cast<const A*>(att),
-                                                                           static_cast<A*>(out));
+      constexpr int kSides = decltype(sides_constant)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<grid_blocks(kernel, warps * 32), kBlockThreads, 0, stream>>>(
+            x, heads, dim, static_cast<const A*>(att), static_cast<A*>(out), group);
+      };
+      if (wide) {
+        launch(node_logits_kernel<T, wide_vec<T>(), kSides>);
+      } else {
+        launch(node_logits_kernel<T, 1, kSides>);
+      }
     });
   });
 }
