@@ -142,6 +142,21 @@ for stage in $stages; do
       if compgen -G "${PEER_WHEELS:-.peers}/*.whl" > /dev/null; then
         python3 -m pip install -q --no-deps --no-index "${PEER_WHEELS:-.peers}"/*.whl
       fi
+      # Peers shipped as sources (`pip download turbo-gnn --no-deps --no-binary :all: -d .peers`):
+      # built in place for this card, then put on the path.
+      for sdist in "${PEER_WHEELS:-.peers}"/*.tar.gz; do
+        [ -e "$sdist" ] || continue
+        src=/tmp/peers/$(basename "$sdist" .tar.gz)
+        mkdir -p /tmp/peers && tar xzf "$sdist" -C /tmp/peers
+        arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+        if (cd "$src" && TURBO_GNN_FORCE_BUILD=TRUE TORCH_CUDA_ARCH_LIST=$arch python3 setup.py build_ext --inplace) \
+            > "$OUT/peer_build_$(basename "$src").log" 2>&1; then
+          export PYTHONPATH=$PYTHONPATH:$src
+          echo "peer built: $(basename "$src")"
+        else
+          echo "peer build failed: $(basename "$src") (log in $OUT)"; tail -n 5 "$OUT/peer_build_$(basename "$src").log"
+        fi
+      done
       python3 -m edgedot.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log" ;;
     wheel)

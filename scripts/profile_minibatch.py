@@ -156,6 +156,34 @@ def profile_calls(call, calls=20):
             "top_host_ops": [(avg.key[:90], avg.count / calls, avg.self_cpu_time_total / calls) for avg in host_ops]}
 
 
+def host_profile(call, calls=100, top=25):
+    """The host's time to issue a forward+backward call without the profiler (median µs, the
+    device kept ahead by a sleep so that no call waits for it), and cProfile's costliest functions
+    by their own time over ``calls`` calls (Python functions and the C++ entry points they call)."""
+    import cProfile
+    import io
+    import pstats
+    for step in range(5):
+        call(step, True)
+    torch.cuda.synchronize()
+    host = []
+    for step in range(calls):
+        torch.cuda._sleep(20_000_000)  # about 10 ms: the device stays busy, no issue waits on it
+        begin = time.perf_counter()
+        call(step, True)
+        host.append(time.perf_counter() - begin)
+        torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for step in range(calls):
+        call(step, True)
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return 1e6 * statistics.median(host), text.getvalue()
+
+
 def sync_sites(call):
     """Where one forward+backward call synchronises: ``file:line`` of each warning of the sync
     debug mode (the Python line that called the synchronising operation)."""
@@ -180,6 +208,8 @@ def main():
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--paths", default="", help="comma-separated substrings of the paths to run")
     parser.add_argument("--kernels", action="store_true", help="also each path's costliest kernels per call")
+    parser.add_argument("--host", action="store_true",
+                        help="also each path's host time without the profiler and its cProfile top functions")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     paths = make_paths(args)
@@ -206,6 +236,11 @@ def main():
             print("    host, by own CPU time (profiled, so inflated):")
             for op, count, host_us in prof["top_host_ops"]:
                 print(f"    {host_us:8.1f} us {count:4.1f}x  {op}")
+        if args.host:
+            plain_us, table = host_profile(call)
+            results[name]["host_us_plain"] = plain_us
+            print(f"    host time to issue forward+backward, no profiler: {plain_us:.1f} us; cProfile, 100 calls:")
+            print("\n".join("    " + line for line in table.splitlines() if line.strip()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "results": results}, f, indent=1)
