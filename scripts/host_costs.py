@@ -1,0 +1,116 @@
+"""The host's time to issue single pieces of an attention call on a CUDA machine, so that the
+costliest can be told apart (docs/performance.md, the mini-batch profile's host column).
+
+    python scripts/host_costs.py [--seeds 16384] [--fanout 10] [--dtype float32]
+
+The batch is scripts/profile_minibatch.py's: ``seeds`` destinations with ``fanout`` in-edges each,
+sources among ``11 * seeds`` nodes, 4 heads of 32. Each piece is timed with ``time.perf_counter``
+while the device runs a sleep queued ahead of it, so that no call waits for the device and only the
+host's own work is counted; rounds of ``CALLS`` calls keep the launch queue short. Medians, µs.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import edgedot
+from edgedot.runtime.build import cuda_module
+
+HEADS, DIM = 4, 32
+ROUNDS, CALLS = 30, 8
+
+
+def host_us(piece):
+    """Median host µs of ``piece()`` with the device busy."""
+    for _ in range(3):
+        piece()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ROUNDS):
+        torch.cuda._sleep(10_000_000)  # a few ms: longer than CALLS calls take to issue
+        for _ in range(CALLS):
+            begin = time.perf_counter()
+            piece()
+            times.append(time.perf_counter() - begin)
+        torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=16_384)
+    parser.add_argument("--fanout", type=int, default=10)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    ext = cuda_module()
+    num_nodes = 11 * args.seeds
+    gen = torch.Generator("cuda").manual_seed(0)
+    dst = torch.arange(args.seeds, device="cuda").repeat_interleave(args.fanout)
+    src = torch.randint(num_nodes, (dst.shape[0],), generator=gen, device="cuda")
+    num_edges = dst.shape[0]
+    q, k, v = (torch.randn(num_nodes, HEADS, DIM, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    grad = torch.randn_like(q)
+    scale = DIM ** -0.5
+    dst_group, dst_offsets = ext.group_edges(dst, src, num_nodes, num_nodes)
+    src_group, src_offsets = ext.group_edges(src, dst, num_nodes, num_nodes)
+    small_dst, small_src = dst[:64].clone(), src[:64].clone()
+    small_group, small_offsets = ext.group_edges(small_dst, small_src, num_nodes, num_nodes)
+    out, lse, _, _ = ext.attention_forward(q, k, v, None, src, dst, dst_group, dst_offsets, scale, 0.0, None, False)
+    x = torch.zeros(1024, device="cuda")
+    dst32, flat = dst.to(torch.int32), torch.ones(num_nodes + 1, dtype=torch.int64, device="cuda")
+
+    def forward_backward():
+        qg.grad = kg.grad = vg.grad = None
+        edgedot.graph_attention(qg, kg, vg, src.clone(), dst.clone()).backward(grad)
+
+    pieces = {
+        "torch.empty (163840 int64)": lambda: torch.empty(num_edges, dtype=torch.int64, device="cuda"),
+        "x.add_(1): one aten launch": lambda: x.add_(1),
+        "torch.sort (int32, stable)": lambda: torch.sort(dst32, stable=True),
+        "torch.cumsum (int64 rows)": lambda: torch.cumsum(flat, 0),
+        "ext.graph_flags": lambda: ext.graph_flags(src, num_nodes, dst, num_nodes, None, True, True),
+        "ext.group_edges": lambda: ext.group_edges(dst, src, num_nodes, num_nodes),
+        "ext.attention_forward, 64 edges (no schedule)": lambda: ext.attention_forward(
+            q, k, v, None, small_src, small_dst, small_group, small_offsets, scale, 0.0, None, False),
+        "ext.attention_forward (schedule built)": lambda: ext.attention_forward(
+            q, k, v, None, src, dst, dst_group, dst_offsets, scale, 0.0, None, False),
+        "ext.attention_backward (two schedules)": lambda: ext.attention_backward(
+            grad, q, k, v, None, out, lse, src, dst, dst_group, dst_offsets, src_group, src_offsets, scale, 0.0,
+            None, False, True),
+        "graph_attention forward, no grad": lambda: edgedot.graph_attention(q, k, v, src.clone(), dst.clone()),
+        "graph_attention forward with grad (no backward)": lambda: edgedot.graph_attention(
+            qg, kg, vg, src.clone(), dst.clone()),
+        "graph_attention forward + backward": forward_backward,
+    }
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, E={num_edges}, "
+          f"N={num_nodes}; host µs per call, device kept busy")
+    for name, piece in pieces.items():
+        print(f"{host_us(piece):9.1f}  {name}", flush=True)
+    # The backward runs on autograd's device thread; on the calling thread instead, its Python
+    # shows in cProfile, and the difference is the hand-over's cost.
+    with torch.autograd.set_multithreading_enabled(False):
+        print(f"{host_us(forward_backward):9.1f}  graph_attention forward + backward, backward on the calling thread")
+        profile(forward_backward)
+
+
+def profile(piece, top=30):
+    """cProfile's costliest functions by own time over ROUNDS * CALLS calls, the device kept busy."""
+    import cProfile
+    import pstats
+    profiler = cProfile.Profile()
+    for _ in range(ROUNDS):
+        torch.cuda._sleep(10_000_000)
+        profiler.enable()
+        for _ in range(CALLS):
+            piece()
+        profiler.disable()
+        torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+if __name__ == "__main__":
+    main()
