@@ -9,7 +9,8 @@ notes on power-law graphs and mini-batches.
                                                        cudaProfilerStart/Stop, for Nsight Compute
 
 CASE names an attention case of ``python -m edgedot.bench`` (e.g. attn_minibatch_f32,
-attn_rmat20_bf16, attn_uniform20_bf16).
+attn_rmat20_bf16, attn_uniform20_bf16); ``kernels`` also takes its GAT cases (e.g.
+gatv2_products_bf16), run through ``gat_attention`` / ``gatv2_attention`` on the edges as given.
 """
 
 import argparse
@@ -20,13 +21,15 @@ import torch
 import edgedot
 from edgedot.bench.attention import ATTENTION_CASES, make_attention_set
 from edgedot.bench.attention_check import unfused_attention
+from edgedot.bench.gat import GAT_CASES, GATCase, op_att, op_inputs
 
 
 def case_named(name):
-    for case in ATTENTION_CASES:
+    for case in ATTENTION_CASES + GAT_CASES:
         if case.name == name:
             return case
-    raise SystemExit(f"no attention case {name!r}; cases: {', '.join(c.name for c in ATTENTION_CASES)}")
+    names = ", ".join(c.name for c in ATTENTION_CASES + GAT_CASES)
+    raise SystemExit(f"no attention or GAT case {name!r}; cases: {names}")
 
 
 def median_us(call, reps=300, warmup=30):
@@ -107,10 +110,22 @@ def calls(case):
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=48))
 
 
+def gat_call(case, s):
+    """A function of (backward) running the case's GAT op on input set ``s`` (the bench's op path)."""
+    att = op_att(case, s.q.device).requires_grad_()
+    op = edgedot.gat_attention if case.conv == "gat" else edgedot.gatv2_attention
+
+    def run(backward):
+        out = op(*op_inputs(case, s, att), s.src_idx, s.dst_idx, negative_slope=0.2)
+        if backward:
+            out.backward(s.grad_out)
+    return run
+
+
 def kernels(case):
     s = make_attention_set(case, torch.device("cuda"), 0)
     s.requires_grad_()
-    run = variants(case, s)["edgedot"]
+    run = gat_call(case, s) if isinstance(case, GATCase) else variants(case, s)["edgedot"]
     for _ in range(3):
         run(True)
     torch.cuda.synchronize()
@@ -127,6 +142,8 @@ def main():
     parser.add_argument("case")
     args = parser.parse_args()
     case = case_named(args.case)
+    if args.mode == "calls" and isinstance(case, GATCase):
+        raise SystemExit("calls takes the attention cases; kernels takes the GAT cases too")
     (calls if args.mode == "calls" else kernels)(case)
 
 
