@@ -237,9 +237,11 @@ class TransformerConv(Projections, MessagePassing):
             bias: OptTensor = None
             if self.lin_query.bias is not None:
                 bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
-            # [N, 3, H, C]: q, k, v are strided views of the one projection.
+            # [N, 3, H, C]: q, k, v are strided views of the one projection. unbind, not three
+            # selects: its backward stacks the three gradients in one pass, where each select's
+            # would write a zeroed [N, 3, H, C] tensor and autograd would add the three.
             qkv = F.linear(x_dst, weight, bias).view(-1, 3, heads, channels)
-            query, key, value = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            query, key, value = qkv.unbind(1)
         else:
             query = self.lin_query(x_dst).view(-1, heads, channels)
             key = self.lin_key(x_src).view(-1, heads, channels)
