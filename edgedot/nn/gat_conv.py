@@ -449,7 +449,7 @@ class GATConv(_GATBase):
         H, C = self.heads, self.out_channels
         if x_dst is not None and x_dst is x_src:  # both sides from one read of x
             logits = torch.ops.edgedot.gat_node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
-            a_src, a_dst = logits[0], logits[1]
+            a_src, a_dst = logits.unbind(0)  # one stacking backward, not two zeroed [2, N, H] and an add
         else:
             a_src = torch.ops.edgedot.gat_node_logits(x_src, self.att_src.view(H, C))
             if x_dst is not None:
