@@ -16,8 +16,9 @@ constexpr int kMergeCols = kAttentionMaxDim / 32;  // columns of a row per lane
 constexpr int64_t kWarpMergeChunks = 64;
 constexpr int kMergeBlockThreads = 512;
 constexpr int kMergeWarps = kMergeBlockThreads / 32;
-// Partials loaded before any is combined: the merge is bound by their latency. A warp merge takes
-// more at a time than a block's threads, which have fewer registers (128 at 512 threads).
+// Partials loaded before any is combined: the merge is bound by their latency. The warp phase takes
+// more at a time than the hub phase, whose state lives on through its shared-memory combine (both
+// within the 128 registers of a 512-thread block).
 constexpr int kWarpMergeBatch = 8;
 constexpr int kBlockMergeBatch = 4;
 
@@ -100,34 +101,16 @@ __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftm
   if (kSoftmax && lane == 0) lse[unit] = bad ? nan : s.m + accurate_log(s.l);
 }
 
-// A warp per (long row, head) of at most kWarpMergeChunks chunks.
-template <typename T, bool kSoftmax>
-__global__ void __launch_bounds__(kBlockThreads)
-merge_warp_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
-                  accum_t<T>* lse) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t u = warp; u < static_cast<int64_t>(*c.num_long) * heads; u += warps) {
-    const int64_t k = u / heads, h = u - k * heads;
-    const int64_t row = c.long_rows[k];
-    const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
-    if (last - first > kWarpMergeChunks) continue;
-    MergeState<accum_t<T>, kSoftmax> s;
-    s.init();
-    s.bad = last > c.max_slots;
-    if (!s.bad) merge_slots<kWarpMergeBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
-    write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
-  }
-}
-
-// A block per (long row, head) of more than kWarpMergeChunks chunks (a hub), so that the heads and
-// rows of hubs spread over the device. Every block lists the hubs the same way (a block-wide scan
-// over the long rows, in order) and takes the units j with j % gridDim.x == blockIdx.x.
+// Every (long row, head) in one launch (one launch fewer than a kernel per phase: small calls are
+// bound by the host's launches). First each warp of the grid takes rows of at most
+// kWarpMergeChunks chunks; then each block takes (hub, head) units of more chunks, so that the
+// heads and rows of hubs spread over the device: every block lists the hubs the same way (a
+// block-wide scan over the long rows, in order) and takes the units j with j % gridDim.x ==
+// blockIdx.x. The two phases write disjoint rows.
 template <typename T, bool kSoftmax>
 __global__ void __launch_bounds__(kMergeBlockThreads)
-merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
-                   accum_t<T>* lse) {
+merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
+             accum_t<T>* lse) {
   using A = accum_t<T>;
   using Scan = cub::BlockScan<int, kMergeBlockThreads>;
   __shared__ typename Scan::TempStorage scan_temp;
@@ -137,6 +120,23 @@ merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, 
   __shared__ bool warp_bad[kMergeWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t num_long = *c.num_long;
+
+  // float64 partials take twice the registers: at a batch of 8 the warp phase spills (sm_90).
+  constexpr int kWarpBatch = sizeof(A) > 4 ? 2 : kWarpMergeBatch;
+  const int64_t grid_warp = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
+  const int64_t grid_warps = static_cast<int64_t>(gridDim.x) * kMergeWarps;
+  for (int64_t u = grid_warp; u < num_long * heads; u += grid_warps) {
+    const int64_t k = u / heads, h = u - k * heads;
+    const int64_t row = c.long_rows[k];
+    const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
+    if (last - first > kWarpMergeChunks) continue;
+    MergeState<A, kSoftmax> s;
+    s.init();
+    s.bad = last > c.max_slots;
+    if (!s.bad) merge_slots<kWarpBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
+    write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
+  }
+
   int64_t hubs_before = 0;  // hubs listed in earlier passes
   for (int64_t base = 0; base < num_long; base += kMergeBlockThreads) {
     const int64_t k = base + threadIdx.x;
@@ -187,7 +187,7 @@ merge_block_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, 
   }
 }
 
-// Blocks for the merges: the number of long rows is known only on the device, so a fixed grid
+// Blocks for the merge: the number of long rows is known only on the device, so a fixed grid
 // strides over them.
 int merge_blocks() { return sm_count() * 2; }
 
@@ -196,19 +196,15 @@ int merge_blocks() { return sm_count() * 2; }
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
                           const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream) {
-  merge_warp_kernel<T, true><<<merge_blocks(), kBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
+  merge_kernel<T, true><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
                                                                             part_ml, out, lse);
-  merge_block_kernel<T, true><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim),
-                                                                                  part, part_ml, out, lse);
 }
 
 template <typename T>
 void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
                       cudaStream_t stream) {
-  merge_warp_kernel<T, false><<<merge_blocks(), kBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
+  merge_kernel<T, false><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
                                                                              nullptr, out, nullptr);
-  merge_block_kernel<T, false><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim),
-                                                                                   part, nullptr, out, nullptr);
 }
 
 #define EDGEDOT_MERGE(T)                                                                                          \
