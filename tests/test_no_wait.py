@@ -125,6 +125,25 @@ def test_pending_check_covers_the_same_graph_once(monkeypatch):
         edgedot.wait_for_checks()
 
 
+@requires_cuda
+def test_reused_read_back_reports_each_check():
+    """The read-back buffers of finished checks serve later ones: good and bad graphs alternating,
+    fresh each call, each verdict is its own (a reused buffer never reports an earlier check's)."""
+    g = gen(6)
+    call = _ops("cuda", g)["graph_attention"]
+    for step in range(2 * checks.DeferredChecks.MAX_SPARE + 3):
+        ei = _batch(g, "cuda")
+        bad = step % 3 == 2
+        if bad:
+            ei[1, step % ei.shape[1]] = SEEDS + NUM_NODES
+        call(ei[0], ei[1])
+        if bad:
+            with pytest.raises(IndexError, match=f"dst_idx holds {SEEDS + NUM_NODES}"):
+                edgedot.wait_for_checks()
+        else:
+            edgedot.wait_for_checks()
+
+
 def test_wait_for_checks_without_pending_checks_returns():
     edgedot.wait_for_checks()
     assert "wait_for_checks" in edgedot.__all__

@@ -267,19 +267,29 @@ class DeferredChecks:
     A pending check holds the call's index tensors, for the details of its error (their values
     as they are when the error is raised)."""
 
+    # Read-back buffers kept for reuse, per (device, shape, dtype): making a pinned tensor and an
+    # Event costs the host more than the check's launch.
+    MAX_SPARE = 16
+
     def __init__(self):
         self._pending = []
+        self._spare = {}
         self._lock = threading.Lock()  # threads may call ops at once
 
     def submit(self, flags, records, graph):
         """Queues the read-back of ``flags`` (the device's, of a check just launched); ``records``:
         (memo, record) pairs put for it, retracted if it fails; ``graph``: :func:`check_graph`'s tensors and names."""
-        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        kind = (flags.device, tuple(flags.shape), flags.dtype)
+        with self._lock:
+            spare = self._spare.get(kind)
+            host, done = spare.pop() if spare else (None, None)
+        if host is None:
+            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            done = torch.cuda.Event()
         host.copy_(flags, non_blocking=True)  # on the current stream of the flags' device
-        done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(flags.device))
         with self._lock:
-            self._pending.append((done, host, records, graph))
+            self._pending.append((done, host, records, graph, kind))
 
     def raise_found(self, wait=False):
         """Settles every finished check (every pending one with ``wait``); raises the first error.
@@ -294,8 +304,12 @@ class DeferredChecks:
                 (finished if wait or check[0].query() else waiting).append(check)
             self._pending = waiting
         failed = []
-        for _, host, records, graph in finished:
+        for done, host, records, graph, kind in finished:
             flags = sum(1 << k for k, bit in enumerate(host.tolist()) if bit)
+            with self._lock:  # read: the buffer and its event may serve a later check
+                spare = self._spare.setdefault(kind, [])
+                if len(spare) < self.MAX_SPARE:
+                    spare.append((host, done))
             if flags:
                 for memo, record in records:
                     memo.retract(record)
