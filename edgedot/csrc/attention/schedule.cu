@@ -1,10 +1,11 @@
 // The chunk schedule of a grouping's long rows (RowChunks in edgedot.h), from its row offsets, in
-// two CUB passes and no host synchronisation: an exclusive scan of each row's chunk count, and the
-// list of the long rows; and the order the kernels take the other rows in (a radix sort by degree class).
+// one CUB scan and no host synchronisation: an exclusive scan of each row's (chunk count, is long)
+// gives each row's first slot and each long row's place in the list of long rows; and the order the
+// kernels take the other rows in (a radix sort by degree class).
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
 #include "attention/engine.cuh"
@@ -24,46 +25,54 @@ struct RowEdges {
   }
 };
 
-// Chunks of row r: ceil(edges / chunk) for a long row, else 0; 0 for r = num_rows, the scan's end.
-struct RowChunkCount {
-  RowEdges edges;
-  int64_t chunk;
+// Slots and long rows counted together: one scan serves both.
+struct SlotCount {
+  int64_t slots;
+  int32_t long_rows;
+};
 
-  __device__ __forceinline__ int64_t operator()(int64_t r) const {
-    if (r >= edges.num_rows) return 0;
-    const int64_t d = edges(r);
-    return is_long_row(d, chunk) ? (d + chunk - 1) / chunk : 0;
+struct AddSlotCounts {
+  __device__ __forceinline__ SlotCount operator()(const SlotCount& a, const SlotCount& b) const {
+    return SlotCount{a.slots + b.slots, a.long_rows + b.long_rows};
   }
 };
 
-struct IsLongRow {
+// Row r's chunks (ceil(edges / chunk)) and 1 for a long row, else (0, 0); (0, 0) for r = num_rows,
+// the scan's end.
+struct RowSlotCount {
   RowEdges edges;
   int64_t chunk;
 
-  __device__ __forceinline__ bool operator()(int32_t r) const { return is_long_row(edges(r), chunk); }
+  __device__ __forceinline__ SlotCount operator()(int64_t r) const {
+    if (r >= edges.num_rows) return SlotCount{0, 0};
+    const int64_t d = edges(r);
+    return is_long_row(d, chunk) ? SlotCount{(d + chunk - 1) / chunk, 1} : SlotCount{0, 0};
+  }
 };
 
-// The two passes; with temp null, only the bytes they need.
+// Writes the scan's value at row r: first_chunk[r], and r's place in long_rows if r is long; at
+// r = num_rows the totals (all slots, the number of long rows).
+struct WriteSchedule {
+  RowSlotCount count;
+  int64_t* first_chunk;
+  int32_t* long_rows;
+  int32_t* num_long;
+
+  __device__ __forceinline__ void operator()(int64_t r, const SlotCount& before) const {
+    first_chunk[r] = before.slots;
+    if (r == count.edges.num_rows) *num_long = before.long_rows;
+    else if (count(r).long_rows != 0) long_rows[before.long_rows] = static_cast<int32_t>(r);
+  }
+};
+
+// The scan; with temp null, only the bytes it needs.
 cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk, int64_t* first_chunk,
                      int32_t* long_rows, int32_t* num_long, void* temp, size_t& temp_bytes, cudaStream_t stream) {
-  const RowEdges edges{offsets, num_rows, num_edges};
-  auto counts = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), RowChunkCount{edges, chunk});
-  size_t scan_bytes = 0, select_bytes = 0;
-  cudaError_t status = cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, first_chunk, static_cast<int32_t>(num_rows + 1), stream);
-  if (status != cudaSuccess) return status;
-  status = cub::DeviceSelect::If(nullptr, select_bytes, thrust::counting_iterator<int32_t>(0), long_rows, num_long,
-                                 static_cast<int32_t>(num_rows), IsLongRow{edges, chunk}, stream);
-  if (status != cudaSuccess) return status;
-  const size_t need = scan_bytes > select_bytes ? scan_bytes : select_bytes;
-  if (temp == nullptr) {
-    temp_bytes = need;
-    return cudaSuccess;
-  }
-  if (temp_bytes < need) return cudaErrorInvalidValue;
-  status = cub::DeviceScan::ExclusiveSum(temp, scan_bytes, counts, first_chunk, static_cast<int32_t>(num_rows + 1), stream);
-  if (status != cudaSuccess) return status;
-  return cub::DeviceSelect::If(temp, select_bytes, thrust::counting_iterator<int32_t>(0), long_rows, num_long,
-                               static_cast<int32_t>(num_rows), IsLongRow{edges, chunk}, stream);
+  const RowSlotCount count{RowEdges{offsets, num_rows, num_edges}, chunk};
+  auto counts = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), count);
+  auto out = thrust::make_tabulate_output_iterator(WriteSchedule{count, first_chunk, long_rows, num_long});
+  return cub::DeviceScan::ExclusiveScan(temp, temp_bytes, counts, out, AddSlotCounts{}, SlotCount{0, 0},
+                                        static_cast<int32_t>(num_rows + 1), stream);
 }
 
 // Degree class of each row (0 for a long row, which its chunks serve) and the rows' ids, to be sorted.
