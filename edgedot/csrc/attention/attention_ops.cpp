@@ -58,42 +58,43 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
                            nullptr, nullptr, IndexKind::i64, IndexKind::i64};
 }
 
-// The chunk schedule of a grouping's long rows (RowChunks), its tensors appended to `keep` (alive
-// until the kernels are queued; the caching allocator orders their reuse on the stream). None when
+// The chunk schedule of a grouping's long rows (RowChunks), its buffer appended to `keep` (alive
+// until the kernels are queued; the caching allocator orders its reuse on the stream). None when
 // no row can be long.
 RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads, int64_t dim,
                            int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep) {
   const int64_t chunk = attention_chunk_edges(num_edges, heads, dim, dim_v, scalar);
   if (num_edges <= chunk || num_rows == 0) return RowChunks{chunk, nullptr, nullptr, nullptr, 0, nullptr};
-  const auto options = offsets.options();
-  at::Tensor first_chunk = at::empty({num_rows + 1}, options.dtype(at::kLong));
-  at::Tensor long_rows = at::empty({num_rows + 1}, options.dtype(at::kInt));  // the last entry: their count
+  const bool ordered = attention_orders_rows(num_edges, heads);
   const size_t temp_bytes = attention_schedule_temp_bytes(num_rows);
-  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
-  int32_t* rows = long_rows.data_ptr<int32_t>();
-  const cudaError_t status =
-      launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
-                                first_chunk.data_ptr<int64_t>(), rows, rows + num_rows, temp.data_ptr(), temp_bytes,
-                                c10::cuda::getCurrentCUDAStream());
+  const size_t sort_bytes = ordered ? attention_row_order_temp_bytes(num_rows) : 0;
+  Carving carving;
+  const int64_t at_first_chunk = carving.add((num_rows + 1) * sizeof(int64_t));
+  const int64_t at_long_rows = carving.add((num_rows + 1) * sizeof(int32_t));  // the last entry: their count
+  const int64_t at_temp = carving.add(static_cast<int64_t>(temp_bytes));
+  const int64_t at_keys = ordered ? carving.add(2 * num_rows) : 0;
+  const int64_t at_order = ordered ? carving.add(2 * num_rows * sizeof(int32_t)) : 0;  // row ids, then their order
+  const int64_t at_sort_temp = ordered ? carving.add(static_cast<int64_t>(sort_bytes)) : 0;
+  at::Tensor buffer = at::empty({carving.size()}, offsets.options().dtype(at::kByte));
+  keep.push_back(buffer);
+  uint8_t* base = buffer.data_ptr<uint8_t>();
+  int64_t* first_chunk = reinterpret_cast<int64_t*>(base + at_first_chunk);
+  int32_t* rows = reinterpret_cast<int32_t*>(base + at_long_rows);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t status = launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
+                                                       first_chunk, rows, rows + num_rows, base + at_temp, temp_bytes,
+                                                       stream);
   TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
-  keep.insert(keep.end(), {first_chunk, long_rows, temp});
   const int32_t* row_order = nullptr;
-  if (attention_orders_rows(num_edges, heads)) {
-    at::Tensor keys = at::empty({2 * num_rows}, options.dtype(at::kByte));
-    at::Tensor order = at::empty({2 * num_rows}, options.dtype(at::kInt));  // row ids, then their order
-    const size_t sort_bytes = attention_row_order_temp_bytes(num_rows);
-    at::Tensor sort_temp = at::empty({static_cast<int64_t>(sort_bytes)}, options.dtype(at::kByte));
-    int32_t* ids = order.data_ptr<int32_t>();
+  if (ordered) {
+    int32_t* ids = reinterpret_cast<int32_t*>(base + at_order);
     const cudaError_t sorted = launch_attention_row_order(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
-                                                          keys.data_ptr<uint8_t>(), ids, ids + num_rows,
-                                                          sort_temp.data_ptr(), sort_bytes,
-                                                          c10::cuda::getCurrentCUDAStream());
+                                                          base + at_keys, ids, ids + num_rows, base + at_sort_temp,
+                                                          sort_bytes, stream);
     TORCH_CHECK(sorted == cudaSuccess, "edgedot: ordering the rows by degree failed: ", cudaGetErrorString(sorted));
-    keep.insert(keep.end(), {keys, order, sort_temp});
     row_order = ids + num_rows;
   }
-  return RowChunks{chunk, first_chunk.data_ptr<int64_t>(), rows, rows + num_rows,
-                   attention_max_slots(num_edges, chunk), row_order};
+  return RowChunks{chunk, first_chunk, rows, rows + num_rows, attention_max_slots(num_edges, chunk), row_order};
 }
 
 // An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).

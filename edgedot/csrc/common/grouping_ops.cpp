@@ -90,25 +90,32 @@ std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor ot
   const auto options = row_idx.options();
   at::Tensor packed = at::empty({2 * num_edges}, options.dtype(at::kLong));
   at::Tensor offsets = at::empty({num_rows + 1}, options.dtype(at::kLong));
-  at::Tensor keys, positions;
-  int buffer = 0;
+  // The sort's keys and positions (two buffers each) and its temporary storage, in one allocation.
+  at::Tensor sort_buffer;
+  int32_t* keys = nullptr;
+  int32_t* positions = nullptr;
   if (num_edges > 0) {
-    keys = at::empty({2, num_edges}, options.dtype(at::kInt));
-    positions = at::empty({2, num_edges}, options.dtype(at::kInt));
     const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
-    at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, options.dtype(at::kByte));
+    Carving carving;
+    const int64_t at_keys = carving.add(2 * num_edges * sizeof(int32_t));
+    const int64_t at_positions = carving.add(2 * num_edges * sizeof(int32_t));
+    const int64_t at_temp = carving.add(static_cast<int64_t>(temp_bytes));
+    sort_buffer = at::empty({carving.size()}, options.dtype(at::kByte));
+    uint8_t* base = sort_buffer.data_ptr<uint8_t>();
+    keys = reinterpret_cast<int32_t*>(base + at_keys);
+    positions = reinterpret_cast<int32_t*>(base + at_positions);
     const at::Tensor rows = row_idx.contiguous();
-    buffer = launch_sort_by_row(rows.data_ptr(), row_index, num_edges, num_rows, keys.data_ptr<int32_t>(),
-                                positions.data_ptr<int32_t>(), temp.data_ptr(), temp_bytes, stream);
+    const int buffer = launch_sort_by_row(rows.data_ptr(), row_index, num_edges, num_rows, keys, positions,
+                                          base + at_temp, temp_bytes, stream);
     TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    keys += buffer * num_edges;
+    positions += buffer * num_edges;
   }
   const at::Tensor other = other_idx.contiguous();
   int64_t* p = packed.data_ptr<int64_t>();
-  launch_group_edges(num_edges > 0 ? keys.data_ptr<int32_t>() + buffer * num_edges : nullptr,
-                     num_edges > 0 ? positions.data_ptr<int32_t>() + buffer * num_edges : nullptr, other.data_ptr(),
-                     other_index, num_edges, num_rows, num_other, p, reinterpret_cast<uint64_t*>(p + num_edges),
-                     offsets.data_ptr<int64_t>(), stream);
+  launch_group_edges(keys, positions, other.data_ptr(), other_index, num_edges, num_rows, num_other, p,
+                     reinterpret_cast<uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(), stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {packed, offsets};
 }

@@ -30,6 +30,22 @@ inline Rows rows_of(const at::Tensor& feat) {
   return Rows{feat.data_ptr(), feat.size(0), feat.stride(0), one_head ? 0 : feat.stride(1)};
 }
 
+// Buffers carved out of one byte allocation (one call of the caching allocator instead of one
+// each: small calls are bound by the host), each at a 256-byte boundary as CUB's temporary
+// storage wants: add() returns a buffer's offset, size() the bytes to allocate.
+class Carving {
+ public:
+  int64_t add(int64_t bytes) {
+    const int64_t at = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
 int* host_error_flags();
 
 bool stream_capturing(cudaStream_t stream);
