@@ -97,12 +97,25 @@ RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t 
   return RowChunks{chunk, first_chunk, rows, rows + num_rows, attention_max_slots(num_edges, chunk), row_order};
 }
 
-// An accumulation-type buffer of `slots` x heads x dim partial rows (none without slots).
-void* attention_partials(const RowChunks& c, int64_t heads, int64_t dim, const at::Tensor& q,
-                         std::vector<at::Tensor>& keep) {
-  if (c.max_slots == 0) return nullptr;
-  keep.push_back(at::empty({c.max_slots, heads, dim}, q.options().dtype(attention_accum(q.scalar_type()))));
-  return keep.back().data_ptr();
+// Accumulation-type buffers of max_slots x heads x width partial rows, one per part (null where
+// its width is 0 or its schedule has no slots), carved out of one allocation.
+std::vector<void*> attention_partials(std::initializer_list<PartialRows> parts, int64_t heads, const at::Tensor& q,
+                                      std::vector<at::Tensor>& keep) {
+  const at::ScalarType accum = attention_accum(q.scalar_type());
+  const int64_t element = static_cast<int64_t>(c10::elementSize(accum));
+  Carving carving;
+  std::vector<int64_t> offsets;
+  for (const PartialRows& part : parts) {
+    const int64_t bytes = part.chunks->max_slots * heads * part.width * element;
+    offsets.push_back(bytes > 0 ? carving.add(bytes) : -1);
+  }
+  std::vector<void*> buffers(offsets.size(), nullptr);
+  if (carving.size() == 0) return buffers;
+  keep.push_back(at::empty({carving.size()}, q.options().dtype(at::kByte)));
+  uint8_t* base = keep.back().data_ptr<uint8_t>();
+  for (size_t i = 0; i < offsets.size(); ++i)
+    if (offsets[i] >= 0) buffers[i] = base + offsets[i];
+  return buffers;
 }
 
 namespace {
@@ -194,8 +207,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_sca
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
-  args.part_acc = attention_partials(args.dst_chunks, in.heads, in.dim_v, q, keep);
-  args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, q, keep);
+  const std::vector<void*> parts = attention_partials({{&args.dst_chunks, in.dim_v}, {&args.dst_chunks, 2}},
+                                                      in.heads, q, keep);
+  args.part_acc = parts[0];
+  args.part_ml = parts[1];
   launch_attention_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, lse, alpha, rng_state};
@@ -264,9 +279,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   args.dk = dk.data_ptr();
   args.dv = dv.data_ptr();
   args.d_edge_feat = edge_feat_grad ? d_edge_feat.data_ptr() : nullptr;
-  args.part_dq = attention_partials(args.dst_chunks, in.heads, in.dim, q, keep);
-  args.part_dk = attention_partials(args.src_chunks, in.heads, in.dim, q, keep);
-  args.part_dv = attention_partials(args.src_chunks, in.heads, in.dim_v, q, keep);
+  const std::vector<void*> parts = attention_partials(
+      {{&args.dst_chunks, in.dim}, {&args.src_chunks, in.dim}, {&args.src_chunks, in.dim_v}}, in.heads, q, keep);
+  args.part_dq = parts[0];
+  args.part_dk = parts[1];
+  args.part_dv = parts[2];
   // A learned scale's gradient: per-unit sums (whole rows, then chunk slots), zero where no unit
   // writes, summed over rows in a fixed order below.
   at::Tensor d_scale_rows = in.scale_heads != nullptr

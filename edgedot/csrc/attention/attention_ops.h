@@ -31,8 +31,14 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
 RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads, int64_t dim,
                            int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep);
 
-void* attention_partials(const RowChunks& c, int64_t heads, int64_t dim, const at::Tensor& q,
-                         std::vector<at::Tensor>& keep);
+// A buffer of partial rows of a schedule's slots, `width` accumulation-type values a (slot, head).
+struct PartialRows {
+  const RowChunks* chunks;
+  int64_t width;
+};
+
+std::vector<void*> attention_partials(std::initializer_list<PartialRows> parts, int64_t heads, const at::Tensor& q,
+                                      std::vector<at::Tensor>& keep);
 
 // ---- The extension's functions ----
 

@@ -119,8 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward_run(
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
-  args.part_acc = attention_partials(args.dst_chunks, in.heads, in.dim, x, keep);
-  args.part_ml = attention_partials(args.dst_chunks, in.heads, 2, x, keep);
+  const std::vector<void*> parts = attention_partials({{&args.dst_chunks, in.dim}, {&args.dst_chunks, 2}}, in.heads,
+                                                      x, keep);
+  args.part_acc = parts[0];
+  args.part_ml = parts[1];
   launch_gat_forward(args, scalar, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, lse, alpha, rng_state};
@@ -180,10 +182,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   args.edge_grad = edge_grad_wanted ? edge_grad.data_ptr() : nullptr;
   args.dx = src_grad ? dx.data_ptr() : nullptr;
   args.da_src = src_grad && !in.v2 ? da_src.data_ptr() : nullptr;
-  args.part_dst_grad = attention_partials(args.dst_chunks, heads, in.v2 ? dim : 1, x, keep);
-  args.part_datt = in.v2 ? attention_partials(args.dst_chunks, heads, dim, x, keep) : nullptr;
-  args.part_dx = attention_partials(args.src_chunks, heads, dim, x, keep);
-  args.part_da_src = in.v2 ? nullptr : attention_partials(args.src_chunks, heads, 1, x, keep);
+  const std::vector<void*> parts =
+      attention_partials({{&args.dst_chunks, in.v2 ? dim : 1}, {&args.dst_chunks, in.v2 ? dim : 0},
+                          {&args.src_chunks, dim}, {&args.src_chunks, in.v2 ? 0 : 1}},
+                         heads, x, keep);
+  args.part_dst_grad = parts[0];
+  args.part_datt = parts[1];
+  args.part_dx = parts[2];
+  args.part_da_src = parts[3];
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   launch_gat_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
