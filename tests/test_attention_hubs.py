@@ -204,6 +204,19 @@ def test_long_rows_split_and_merged(dtype, edge_feat):
 
 
 @requires_cuda
+def test_long_rows_across_many_rows():
+    """Long rows spread over 60,000 rows a side (the chunk schedule's scan spans many tiles and lists
+    1,200 long rows on each side, each of a few chunks): every output and gradient against float64."""
+    g = gen(10)
+    num_nodes, heads, dim = 60_000, 2, 16
+    q, k, v, _, src, dst = inputs(num_nodes, num_nodes, 600_000, heads, dim, dim, torch.float32, g, False)
+    spread = torch.arange(480_000, device=dst.device) // 400 * 50  # every 50th row gets 400 edges
+    dst[:480_000] = spread.to(dst.dtype)
+    src[120_000:] = (spread + 7).to(src.dtype)
+    full_check(q, k, v, None, src, dst, g=g, return_attention=False)
+
+
+@requires_cuda
 def test_hub_accuracy_two_million_edges():
     """One node with 2,000,000 incoming edges, float32: relative error against float64 <= 1e-5 for
     the output and every gradient."""
