@@ -274,7 +274,8 @@ def _refused(*args):
     raise AssertionError("the projection was called: its weights were expected to be used directly")
 
 
-@pytest.mark.parametrize("kind,names", [("transformer", ["lin_query", "lin_key", "lin_value"]), ("gat", ["lin_edge"])])
+@pytest.mark.parametrize("kind,names", [("transformer", ["lin_query", "lin_key", "lin_value"]), ("gat", ["lin_edge"]),
+                                        ("gatv2", ["lin_l", "lin_r"])])
 def test_plain_projections_are_used_by_their_weights(kind, names):
     """Plain, unhooked Linear projections still take the fused GEMM / the folded edge term."""
     theirs, ours, x, edge_index, edge_attr = _hook_case(kind)

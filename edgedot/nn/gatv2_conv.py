@@ -40,6 +40,7 @@ class GATv2Conv(_GATBase):
     a pair of tensors; the other arguments and the return values as for :class:`GATConv`.
     ``edge_attr`` without ``edge_dim`` raises ``ValueError``.
     """
+    _fusable = ("lin_l", "lin_r")
 
     def __init__(self, in_channels: Union[int, Tuple[int, int]], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
@@ -141,6 +142,15 @@ class GATv2Conv(_GATBase):
                     return out, edge_index.set_value(alpha, layout="coo")
         return out
 
+    def _fuse_sides(self) -> bool:
+        """Whether one x's two projections may run as one GEMM: two plain linear layers (no hooks,
+        adapters or lazy weights; see :func:`edgedot.nn._pyg.plain_linear`) of one input width,
+        both with a bias or both without."""
+        return (not self.share_weights and hasattr(self.lin_l, "weight") and hasattr(self.lin_r, "weight")
+                and self._plain("lin_l") and self._plain("lin_r")
+                and self.lin_l.weight.shape[1] == self.lin_r.weight.shape[1]
+                and (self.lin_l.bias is None) == (self.lin_r.bias is None))
+
     def _project(self, x: Union[Tensor, PairTensor]) -> Tuple[Tensor, Tensor, OptTensor]:
         """``x_l`` ``[Ns, H, C]`` (sources), ``x_r`` ``[Nd, H, C]`` (destinations) and the
         residual (None without ``residual``)."""
@@ -151,8 +161,17 @@ class GATv2Conv(_GATBase):
                 raise ValueError(f"x must be [N, in_channels], got {x.dim()} dimensions")
             if self.res is not None:
                 res = self.res(x)
-            x_l = self.lin_l(x).view(-1, H, C)
-            x_r = x_l if self.share_weights else self.lin_r(x).view(-1, H, C)
+            if self._fuse_sides():
+                # One GEMM for both sides ([N, 2, H, C]; x_l, x_r strided views of it): its
+                # backward writes dx once, where two projections would each write one and add.
+                lr_bias: OptTensor = None
+                if self.lin_l.bias is not None and self.lin_r.bias is not None:
+                    lr_bias = torch.cat([self.lin_l.bias, self.lin_r.bias])
+                both = F.linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias)
+                x_l, x_r = both.view(-1, 2, H, C).unbind(1)
+            else:
+                x_l = self.lin_l(x).view(-1, H, C)
+                x_r = x_l if self.share_weights else self.lin_r(x).view(-1, H, C)
         else:
             x_src_in, x_dst_in = x[0], x[1]
             if x_src_in.dim() != 2:
