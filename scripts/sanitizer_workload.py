@@ -194,6 +194,14 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
             logits = edgedot.ops.node_logits.gat_node_logits(x, att)
             logits.backward(torch.randn_like(logits))
 
+# Column sums (the layers' bias gradients): every dtype, widths below and off a vector, strided and
+# misaligned rows, one row, more rows than one block's slab times the block limit.
+for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+    for rows, width in [(1, 1), (7, 3), (1000, 129), (70_000, 128), (300, 520)]:
+        base = torch.randn(rows, width + 5, device=dev, dtype=dt)
+        for x in (base[:, :width], base[:, 1:width + 1]):
+            edgedot.ops.column_sum.column_sum(x)
+
 # The fused input check (one kernel; its verdict read later): good graphs, a pointer that disagrees, an index out of range.
 for it in [torch.int32, torch.int64]:
     q, k, v = (torch.randn(n, 2, 16, device=dev) for n in (300, 400, 400))

@@ -14,6 +14,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "edgedot.runtime.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
   m.def("graph_flags", &edgedot::graph_flags,
         "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
+  m.def("column_sum", &edgedot::column_sum,
+        "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");

@@ -20,6 +20,7 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
+from ..ops import column_sum
 from ..runtime.checks import check_graph
 
 try:
@@ -192,6 +193,28 @@ class Projections(torch.nn.Module):
     @torch.jit.unused
     def _eager_plain(self, name: str) -> bool:
         return plain_linear(getattr(self, name))
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``; outside TorchScript with the bias's gradient as a column sum
+        (:func:`edgedot.ops.column_sum.linear`)."""
+        if torch.jit.is_scripting():
+            return torch.nn.functional.linear(x, weight, bias)
+        return self._eager_linear(x, weight, bias)
+
+    @torch.jit.unused
+    def _eager_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return column_sum.linear(x, weight, bias)
+
+    def _add_bias(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``x + bias``; outside TorchScript with the bias's gradient as a column sum
+        (:func:`edgedot.ops.column_sum.add_bias`)."""
+        if torch.jit.is_scripting():
+            return x + bias
+        return self._eager_add_bias(x, bias)
+
+    @torch.jit.unused
+    def _eager_add_bias(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return column_sum.add_bias(x, bias)
 
     def __prepare_scriptable__(self):
         self._plain_when_scripted = {name: getattr(self, name) is not None and plain_linear(getattr(self, name))

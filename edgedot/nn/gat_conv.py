@@ -96,7 +96,7 @@ class _GATBase(Projections, MessagePassing):
         if res is not None:
             out = out + res
         if self.bias is not None:
-            out = out + self.bias
+            out = self._add_bias(out, self.bias)
         return out
 
     def _sparse_loops(self, edge_index: SparseTensor) -> SparseTensor:

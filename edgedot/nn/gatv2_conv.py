@@ -167,7 +167,7 @@ class GATv2Conv(_GATBase):
                 lr_bias: OptTensor = None
                 if self.lin_l.bias is not None and self.lin_r.bias is not None:
                     lr_bias = torch.cat([self.lin_l.bias, self.lin_r.bias])
-                both = F.linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias)
+                both = self._linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias)
                 x_l, x_r = both.view(-1, 2, H, C).unbind(1)
             else:
                 x_l = self.lin_l(x).view(-1, H, C)

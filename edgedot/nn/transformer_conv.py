@@ -183,7 +183,10 @@ class TransformerConv(Projections, MessagePassing):
         else:
             out = out.mean(dim=1)
         if self.root_weight:
-            x_r = self.lin_skip(x_dst)
+            if self._plain("lin_skip"):
+                x_r = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
+            else:
+                x_r = self.lin_skip(x_dst)
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = beta * x_r + (1 - beta) * out
@@ -240,7 +243,7 @@ class TransformerConv(Projections, MessagePassing):
             # [N, 3, H, C]: q, k, v are strided views of the one projection. unbind, not three
             # selects: its backward stacks the three gradients in one pass, where each select's
             # would write a zeroed [N, 3, H, C] tensor and autograd would add the three.
-            qkv = F.linear(x_dst, weight, bias).view(-1, 3, heads, channels)
+            qkv = self._linear(x_dst, weight, bias).view(-1, 3, heads, channels)
             query, key, value = qkv.unbind(1)
         else:
             query = self.lin_query(x_dst).view(-1, heads, channels)

@@ -198,7 +198,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   // datt: the destinations' shares summed in a fixed order (a reduction, never atomics).
-  at::Tensor datt = in.v2 ? datt_rows.sum(0).to(x.scalar_type()) : none();
+  at::Tensor datt = in.v2 ? column_sum(datt_rows.view({num_dst, heads * dim})).view({heads, dim}).to(x.scalar_type())
+                          : none();
   return {dx, da_src, dst_grad, datt, edge_grad};
 }
 

@@ -7,7 +7,7 @@
 // order (bitwise reproducible).
 #include <algorithm>
 
-#include "common/common.cuh"
+#include "common/column_sum.cuh"
 
 namespace edgedot {
 
@@ -101,30 +101,6 @@ __global__ void node_logits_backward_kernel(const accum_t<T>* __restrict__ grad,
   }
 }
 
-// att's gradient: the blocks' partial sums [blocks, width] added in a fixed order. A block of 32 x
-// 32 threads per 32 columns: thread (col, lane) sums blocks lane, lane + 32, ... in order, then
-// lane 0 adds the 32 sums in lane order.
-constexpr int kSumLanes = 32;
-
-template <typename A>
-__global__ void sum_partials_kernel(const A* __restrict__ partial, A* __restrict__ datt, int64_t blocks,
-                                    int64_t width) {
-  __shared__ A sums[kSumLanes][33];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  A sum = 0;
-  if (col < width) {
-#pragma unroll 4
-    for (int64_t b = threadIdx.y; b < blocks; b += kSumLanes) sum += partial[b * width + col];
-  }
-  sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < width) {
-    A total = 0;
-    for (int lane = 0; lane < kSumLanes; ++lane) total += sums[lane][threadIdx.x];
-    datt[col] = total;
-  }
-}
-
 // sides is 1 or 2 (checked by the caller).
 template <typename F>
 void dispatch_sides(int64_t sides, F&& f) {
@@ -183,9 +159,7 @@ void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads,
               datt != nullptr ? static_cast<A*>(partial) : nullptr, rows);
     });
     if (datt != nullptr) {
-      const int64_t columns = sides * width;
-      sum_partials_kernel<A><<<static_cast<unsigned>((columns + 31) / 32), dim3(32, kSumLanes), 0, stream>>>(
-          static_cast<const A*>(partial), static_cast<A*>(datt), blocks, columns);
+      launch_sum_partials<A, A>(static_cast<const A*>(partial), static_cast<A*>(datt), blocks, sides * width, stream);
     }
   });
 }

@@ -362,6 +362,13 @@ void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStrea
 void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 
+// Column sums (common/column_sum.cu): out[c] = sum over r < rows of x[r * row_stride + c] for x and
+// out of `scalar`, through partial [column_sum_blocks(rows), width] in its accumulation type; the
+// order of the additions is a function of rows alone.
+int64_t column_sum_blocks(int64_t rows);
+void launch_column_sum(const void* x, int64_t rows, int64_t width, int64_t row_stride, void* partial, void* out,
+                       ScalarKind scalar, cudaStream_t stream);
+
 // GAT's per-node logits (attention/node_logits.cu): out[k, n, h] = <x[n, h], att[k, h]> for x of
 // `scalar`, att [sides, heads, dim] (sides 1 or 2) and out [sides, num_rows, heads] in its
 // accumulation type.

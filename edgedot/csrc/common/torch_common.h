@@ -66,6 +66,11 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                        const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
 
+// ---- Column sums (common/column_sum_ops.cpp) ----
+
+// x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype.
+at::Tensor column_sum(const at::Tensor& x);
+
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& grad_out, const at::Tensor& row_idx,
