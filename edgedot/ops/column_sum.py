@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.build import cuda_module
-from ..runtime.checks import FEATURE_DTYPES
+from ..runtime.checks import check_float_tensor
 
 __all__ = ["column_sum", "linear", "add_bias"]
 
@@ -28,12 +28,7 @@ def column_sum(x):
 
 
 def _check(x):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-    if x.dtype not in FEATURE_DTYPES:
-        raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [rows, width], got shape {tuple(x.shape)}")
+    check_float_tensor("x", x, lambda t: t.dim() == 2, "2-D [rows, width]")
 
 
 @torch.library.impl(_lib, "column_sum", "CPU")

@@ -48,15 +48,21 @@ def check_tensors(src_feat, dst_feat, src_idx, dst_idx):
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
 
 
+def check_float_tensor(name, t, shape_ok, shape_text):
+    """Raises TypeError / ValueError naming ``name`` unless ``t`` is a tensor of a feature dtype
+    for which ``shape_ok(t)`` holds (``shape_text``: the shape wanted, for the message)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if not shape_ok(t):
+        raise ValueError(f"{name} must be {shape_text}, got shape {tuple(t.shape)}")
+    if t.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
+
+
 def check_feature(name, feat, rows="N"):
     """Raises TypeError / ValueError naming ``name`` unless ``feat`` is a ``[rows, D]`` or
     ``[rows, H, D]`` tensor of a feature dtype."""
-    if not isinstance(feat, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(feat).__name__}")
-    if feat.dim() not in (2, 3):
-        raise ValueError(f"{name} must be [{rows}, D] or [{rows}, H, D], got shape {tuple(feat.shape)}")
-    if feat.dtype not in FEATURE_DTYPES:
-        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {feat.dtype}")
+    check_float_tensor(name, feat, lambda t: t.dim() in (2, 3), f"[{rows}, D] or [{rows}, H, D]")
 
 
 def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
