@@ -42,6 +42,14 @@ def _zero(param):
             param.zero_()
 
 
+def _node_logits(x: Tensor, att: Tensor) -> Tensor:
+    """``(x * att).sum(-1)``: on CUDA the fused op (one read of ``x``, a fixed-order ``att``
+    gradient); on the CPU PyTorch's own ops, which the op would run anyway, without its dispatch."""
+    if x.is_cuda:
+        return torch.ops.edgedot.gat_node_logits(x, att)
+    return (x * att).sum(-1)
+
+
 def _promoted_dtype(first: Tensor, others: List[Optional[Tensor]]) -> torch.dtype:
     """The dtype the arithmetic of ``first`` and ``others`` (None skipped) promotes to. Under
     autocast the projections come out in the autocast dtype while the attention vectors stay
@@ -447,13 +455,13 @@ class GATConv(_GATBase):
         compute them alike): per-node logits (zeros for absent destination features), the edge
         term where ``edge_attr`` is given and the layer has ``edge_dim``."""
         H, C = self.heads, self.out_channels
-        if x_dst is not None and x_dst is x_src:  # both sides from one read of x
+        if x_dst is not None and x_dst is x_src and x_src.is_cuda:  # both sides from one read of x
             logits = torch.ops.edgedot.gat_node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
             a_src, a_dst = logits.unbind(0)  # one stacking backward, not two zeroed [2, N, H] and an add
         else:
-            a_src = torch.ops.edgedot.gat_node_logits(x_src, self.att_src.view(H, C))
+            a_src = _node_logits(x_src, self.att_src.view(H, C))
             if x_dst is not None:
-                a_dst = torch.ops.edgedot.gat_node_logits(x_dst, self.att_dst.view(H, C))
+                a_dst = _node_logits(x_dst, self.att_dst.view(H, C))
             else:
                 a_dst = x_src.new_zeros(num_dst, self.heads)
         a_edge: OptTensor = None
