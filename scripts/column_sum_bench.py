@@ -5,31 +5,16 @@ against a float64 sum first, then medians of CUDA-event timings after warm-up, a
     python scripts/column_sum_bench.py
 """
 
-import statistics
-
 import torch
 
 from edgedot.ops.column_sum import column_sum
+from profile_attention import median_us  # scripts/ is on the path when run as a script
 
 # rows, width, dtype: a bias gradient of the mini-batch layers, the fused q/k/v projection's, and
 # ogbn-products' node count at bfloat16.
 SHAPES = [(180_224, 128, torch.float32), (180_224, 384, torch.float32), (180_224, 128, torch.bfloat16),
           (2_449_029, 128, torch.bfloat16)]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-
-
-def median_us(fn, reps=50, warmup=10):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def main():
@@ -42,7 +27,7 @@ def main():
             error = ((got.double() - want).norm() / want.norm()).item()
             if error > TOL[dtype]:
                 raise SystemExit(f"{name} of {rows}x{width} {dtype}: relative error {error:.2e}")
-        ours, theirs = median_us(lambda: column_sum(x)), median_us(lambda: x.sum(0))
+        ours, theirs = median_us(lambda: column_sum(x), reps=50), median_us(lambda: x.sum(0), reps=50)
         gb = x.numel() * x.element_size() / 1e3
         print(f"{f'{rows} x {width}':>22} {str(dtype)[6:]:>9} {ours:11.1f} {gb / ours:7.0f} {theirs:12.1f} "
               f"{gb / theirs:7.0f} {ours / theirs:6.2f}")
