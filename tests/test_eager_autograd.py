@@ -70,3 +70,37 @@ def test_other_calls_take_the_wrapper(monkeypatch):
     # An index of a tensor subclass.
     call(leaves, src.as_subclass(Index), dst).sum().backward()
     assert all(t.grad is not None for t in leaves)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention", "gatv2_attention", "agnn_attention"])
+def test_arguments_checked_once_a_call(monkeypatch, device, name):
+    """The public function checks the arguments; the implementations it reaches (forward and
+    backward) skip their own argument checks, which a torch.ops call still makes."""
+    import edgedot.ops.agnn as agnn_ops
+    import edgedot.ops.attention as attention_ops
+    import edgedot.ops.gat as gat_ops
+    checks = {"graph_attention": (attention_ops, "check_op_inputs"), "gat_attention": (gat_ops, "_check_gat"),
+              "gatv2_attention": (gat_ops, "_check_gatv2"), "agnn_attention": (agnn_ops, "check_agnn_inputs")}
+    module, check = checks[name]
+    seen = []
+    original = getattr(module, check)
+
+    def counted(*args):
+        seen.append(eager.arguments_checked())
+        return original(*args)
+    monkeypatch.setattr(module, check, counted)
+    call, leaves = _calls(device)[name]
+    src, dst = rand_index(30, 50, device=device, g=gen(2)), rand_index(30, 50, device=device, g=gen(3))
+    _run(call, leaves, src, dst, seed=0)
+    assert not eager.arguments_checked()
+    if name == "agnn_attention":  # the public function checks through the same function, before the op
+        assert seen == [False]
+    else:
+        assert seen == []
+    if name == "graph_attention":  # a direct call of the operator checks, and names the argument
+        q, k, v = leaves
+        with pytest.raises(ValueError, match="k has H=1"):
+            torch.ops.edgedot.graph_attention(q, k[:, :1], v, None, src, dst, None, None, None, None, 1.0, 0.0, None,
+                                              False, True)
+        assert seen == [False]

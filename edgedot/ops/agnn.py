@@ -131,7 +131,8 @@ def _beta_grad(d_beta, beta):
 @torch.library.impl(_lib, "agnn_attention", "CPU")
 def _forward_cpu(x_norm, x, beta, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                  return_attention, check_indices):
-    check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
+    if not eager.arguments_checked():
+        check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
     _check_edges(x, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU
     return cpu_agnn.forward(x_norm, x, beta, src_idx, dst_idx, return_attention)
 
@@ -139,7 +140,8 @@ def _forward_cpu(x_norm, x, beta, src_idx, dst_idx, dst_group, dst_offsets, src_
 @torch.library.impl(_lib, "agnn_attention", "CUDA")
 def _forward_cuda(x_norm, x, beta, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                   return_attention, check_indices):
-    check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
+    if not eager.arguments_checked():
+        check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
     if check_indices:
         _check_edges(x, x, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, x.shape[0], x.shape[0])
@@ -157,7 +159,8 @@ def _forward_fake(x_norm, x, beta, src_idx, dst_idx, dst_group, dst_offsets, src
 @torch.library.impl(_lib, "agnn_attention_backward", "CPU")
 def _backward_cpu(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                   src_offsets):
-    check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
+    if not eager.arguments_checked():
+        check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
     d_x_norm, dx, d_beta = cpu_agnn.backward(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx)
     return d_x_norm, dx, _beta_grad(d_beta, beta)
 
@@ -165,7 +168,8 @@ def _backward_cpu(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx, dst_gro
 @torch.library.impl(_lib, "agnn_attention_backward", "CUDA")
 def _backward_cuda(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                    src_offsets):
-    check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
+    if not eager.arguments_checked():
+        check_agnn_inputs(x_norm, x, beta, src_idx, dst_idx)
     num_nodes = x.shape[0]
     dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, num_nodes, num_nodes, True)

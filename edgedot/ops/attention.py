@@ -362,7 +362,8 @@ def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention
 @torch.library.impl(_lib, "graph_attention", "CPU")
 def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                  scale, dropout_p, generator, return_attention, check_indices):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
+    if not eager.arguments_checked():
+        check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     # Always on the CPU (check_indices only spares CUDA a wait).
     _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     rng_state, key = draw_cpu(q, dropout_p, generator)
@@ -374,7 +375,8 @@ def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, s
 @torch.library.impl(_lib, "graph_attention", "CUDA")
 def _forward_cuda(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                   scale, dropout_p, generator, return_attention, check_indices):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
+    if not eager.arguments_checked():
+        check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
     if check_indices:
         _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, q.shape[0], k.shape[0])
@@ -393,7 +395,8 @@ def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
 @torch.library.impl(_lib, "graph_attention_backward", "CPU")
 def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    if not eager.arguments_checked():
+        check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     key = dropout.recorded_key(rng_state, dropout_p)
     dq, dk, dv, d_edge_feat = cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
                                                       dropout_p, key, edge_feat_grad)
@@ -403,7 +406,8 @@ def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_
 @torch.library.impl(_lib, "graph_attention_backward", "CUDA")
 def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                    src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
-    check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
+    if not eager.arguments_checked():
+        check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
     # The grouping by source serves dk and dv alone.
     dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, k.shape[0], q.shape[0], kv_grad)

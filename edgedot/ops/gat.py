@@ -298,7 +298,8 @@ def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
 @torch.library.impl(_lib, "gat_attention", "CPU")
 def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                      negative_slope, dropout_p, generator, return_attention, check_indices):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    if not eager.arguments_checked():
+        _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
     rng_state, key = draw_cpu(x, dropout_p, generator)
     out, lse, alpha = cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
@@ -309,7 +310,8 @@ def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_o
 @torch.library.impl(_lib, "gat_attention", "CUDA")
 def _gat_forward_cuda(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                       negative_slope, dropout_p, generator, return_attention, check_indices):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    if not eager.arguments_checked():
+        _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
     if check_indices:
         _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, a_dst.shape[0], x.shape[0])
@@ -328,7 +330,8 @@ def _gat_forward_fake(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_
 @torch.library.impl(_lib, "gat_attention_backward", "CPU")
 def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    if not eager.arguments_checked():
+        _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     return cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
                                  dropout_p, dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
 
@@ -336,7 +339,8 @@ def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_
 @torch.library.impl(_lib, "gat_attention_backward", "CUDA")
 def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                        src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
-    _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
+    if not eager.arguments_checked():
+        _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
     # The grouping by source serves the source-side gradients alone.
     dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x.shape[0], a_dst.shape[0], src_grad)
@@ -360,7 +364,8 @@ def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
 @torch.library.impl(_lib, "gatv2_attention", "CPU")
 def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    if not eager.arguments_checked():
+        _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     rng_state, key = draw_cpu(x_src, dropout_p, generator)
     out, lse, alpha = cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
@@ -371,7 +376,8 @@ def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group
 @torch.library.impl(_lib, "gatv2_attention", "CUDA")
 def _gatv2_forward_cuda(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                         src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    if not eager.arguments_checked():
+        _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
     if check_indices:
         _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
     dst_group, dst_offsets = _grouping(dst_group, dst_offsets, dst_idx, src_idx, x_dst.shape[0], x_src.shape[0])
@@ -389,7 +395,8 @@ def _gatv2_forward_fake(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_grou
 @torch.library.impl(_lib, "gatv2_attention_backward", "CPU")
 def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    if not eager.arguments_checked():
+        _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     return cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
                                    negative_slope, dropout_p, dropout.recorded_key(rng_state, dropout_p),
                                    edge_feat_grad, src_grad)
@@ -398,7 +405,8 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
 @torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
 def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                          src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
-    _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
+    if not eager.arguments_checked():
+        _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
     dst_group, dst_offsets, src_group, src_offsets = backward_groupings(
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x_src.shape[0], x_dst.shape[0], src_grad)
     return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),

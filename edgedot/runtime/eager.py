@@ -8,11 +8,35 @@ through an ``autograd.Function`` of its own instead. There, and in plain eager c
 gradients, the op is called below the Autograd dispatch keys (what the wrapper's no-grad path does
 after a Python detour of its own: about 12 us a call on a desktop CPU). Anything else calls the op
 as it is.
+
+Inside :func:`call` (after the public function has checked every argument) and inside the
+backward of its ``autograd.Function`` (whose inputs are a checked forward's), the implementations
+skip the argument checks they make when called as ``torch.ops``: :func:`arguments_checked`. The
+checks of the graph's indices are not skipped.
 """
+
+import threading
 
 import torch
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_state = threading.local()
+
+
+def arguments_checked():
+    """Whether the running op implementation was reached from :func:`call` or the backward of its
+    ``autograd.Function``, whose arguments were checked before (on this thread)."""
+    return getattr(_state, "checked", False)
+
+
+def _checked(fn, *args):
+    """``fn(*args)`` with :func:`arguments_checked` true."""
+    previous = getattr(_state, "checked", False)
+    _state.checked = True
+    try:
+        return fn(*args)
+    finally:
+        _state.checked = previous
 
 
 def register_autograd(op, name, backward, setup_context):
@@ -26,8 +50,11 @@ def register_autograd(op, name, backward, setup_context):
         setup_context(ctx, args, output)
         return output
 
+    def checked_backward(ctx, *grads):
+        return _checked(backward, ctx, *grads)
+
     return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
 
 
 def call(op, function, *args):
@@ -44,6 +71,6 @@ def call(op, function, *args):
                 return op(*args)
             wants_grad = wants_grad or arg.requires_grad
     if wants_grad and torch.is_grad_enabled():
-        return function.apply(*args)
+        return _checked(function.apply, *args)
     with torch._C._AutoDispatchBelowAutograd():  # no gradient to record: the wrapper would do the same
-        return op(*args)
+        return _checked(op, *args)
