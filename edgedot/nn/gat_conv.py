@@ -13,6 +13,7 @@ from torch.nn import Parameter
 
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
+from ..ops.node_logits import gat_node_logits
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
                    dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
@@ -46,8 +47,15 @@ def _node_logits(x: Tensor, att: Tensor) -> Tensor:
     """``(x * att).sum(-1)``: on CUDA the fused op (one read of ``x``, a fixed-order ``att``
     gradient); on the CPU PyTorch's own ops, which the op would run anyway, without its dispatch."""
     if x.is_cuda:
-        return torch.ops.edgedot.gat_node_logits(x, att)
+        if torch.jit.is_scripting():
+            return torch.ops.edgedot.gat_node_logits(x, att)
+        return _eager_node_logits(x, att)
     return (x * att).sum(-1)
+
+
+@torch.jit.unused
+def _eager_node_logits(x: Tensor, att: Tensor) -> Tensor:
+    return gat_node_logits(x, att)  # past torch.library's autograd wrapper (runtime/eager.py)
 
 
 def _promoted_dtype(first: Tensor, others: List[Optional[Tensor]]) -> torch.dtype:
@@ -456,7 +464,7 @@ class GATConv(_GATBase):
         term where ``edge_attr`` is given and the layer has ``edge_dim``."""
         H, C = self.heads, self.out_channels
         if x_dst is not None and x_dst is x_src and x_src.is_cuda:  # both sides from one read of x
-            logits = torch.ops.edgedot.gat_node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
+            logits = _node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
             a_src, a_dst = logits.unbind(0)  # one stacking backward, not two zeroed [2, N, H] and an add
         else:
             a_src = _node_logits(x_src, self.att_src.view(H, C))

@@ -12,6 +12,7 @@ a sum; every other gradient is computed as PyTorch computes it.
 import torch
 import torch.nn.functional as F
 
+from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_float_tensor
 
@@ -24,7 +25,7 @@ _lib.define("column_sum(Tensor x) -> Tensor")
 def column_sum(x):
     """``x.sum(0)`` for a 2-D ``x`` (differentiable; see the module)."""
     _check(x)
-    return torch.ops.edgedot.column_sum(x)
+    return eager.call(_column_sum_op, _ColumnSumFunction, x)
 
 
 def _check(x):
@@ -57,24 +58,24 @@ def _backward(ctx, grad):
     return grad.unsqueeze(0).expand(ctx.rows, -1)
 
 
-torch.library.register_autograd("edgedot::column_sum", _backward, setup_context=_setup_context)
+_column_sum_op = torch.ops.edgedot.column_sum.default
+_ColumnSumFunction = eager.register_autograd(_column_sum_op, "ColumnSumFunction", _backward, _setup_context)
 
 
 def _bias_grad(grad, bias):
     """The gradient of a bias broadcast along the last dim of ``grad``, in the bias's dtype."""
-    return torch.ops.edgedot.column_sum(grad.reshape(-1, bias.shape[0])).to(bias.dtype)
+    return eager.call(_column_sum_op, _ColumnSumFunction, grad.reshape(-1, bias.shape[0])).to(bias.dtype)
 
 
+# _AddBias and _Linear take ctx in forward (no setup_context): Function.apply binds the arguments
+# of a setup_context function with inspect.signature on every call (50-60 us of host time on an
+# H200's host). Under functorch transforms, which need setup_context, the callers use PyTorch's ops.
 class _AddBias(torch.autograd.Function):
     @staticmethod
-    def forward(x, bias):
-        return x + bias
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, bias = inputs
+    def forward(ctx, x, bias):
         ctx.x_dtype = x.dtype
         ctx.save_for_backward(bias)
+        return x + bias
 
     @staticmethod
     def backward(ctx, grad):
@@ -88,13 +89,9 @@ class _Linear(torch.autograd.Function):
     PyTorch's ``addmm`` gives them but for the bias's."""
 
     @staticmethod
-    def forward(x, weight, bias):
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, weight, bias = inputs
+    def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight, bias)
+        return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -107,8 +104,9 @@ class _Linear(torch.autograd.Function):
 
 def _tall(x, bias):
     """Whether the column sum pays: a CUDA tensor with a bias, outside torch.compile's tracing
-    (which keeps PyTorch's own ops to fuse)."""
-    return bias is not None and x.is_cuda and not torch.compiler.is_compiling()
+    (which keeps PyTorch's own ops to fuse) and functorch's transforms."""
+    return (bias is not None and x.is_cuda and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
 
 
 def add_bias(x, bias):

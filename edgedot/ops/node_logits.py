@@ -17,6 +17,7 @@ beside bfloat16 features (autocast) gives float32 logits, as PyG's layer compute
 
 import torch
 
+from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_feature
 
@@ -32,7 +33,7 @@ def gat_node_logits(x, att):
     """``a[n, h] = <x[n, h], att[h]>`` for ``x`` ``[N, H, C]`` and ``att`` ``[H, C]``; for ``att``
     ``[2, H, C]``, ``a[k, n, h] = <x[n, h], att[k, h]>`` (differentiable in both; see the module)."""
     check_node_logits_inputs(x, att)
-    return torch.ops.edgedot.gat_node_logits(x, att)
+    return eager.call(_node_logits_op, _NodeLogitsFunction, x, att)
 
 
 def check_node_logits_inputs(x, att):
@@ -112,4 +113,5 @@ def _backward(ctx, grad):
     return (dx if x_grad else None), (datt if att_grad else None)
 
 
-torch.library.register_autograd("edgedot::gat_node_logits", _backward, setup_context=_setup_context)
+_node_logits_op = torch.ops.edgedot.gat_node_logits.default
+_NodeLogitsFunction = eager.register_autograd(_node_logits_op, "NodeLogitsFunction", _backward, _setup_context)
