@@ -266,12 +266,15 @@ enum class RowLoads { kScores, kScoresThenValues, kEdgeByEdge };
 
 // Blocks per SM the passes are built for: 3 (80 registers a thread), 2 (128) for heavy scores or 8
 // vectors a lane, 1 for double. Edges in flight per team: each lane loads the rows of this many
-// edges before it adds any (the gather is latency-bound); fewer for more vectors a lane, wider
-// widened types (half types, double) and heavy scores.
+// edges before it adds any (the gather is latency-bound): 4 for float, 3 for half types at 3 blocks
+// per SM, 2 for double, fewer for more vectors a lane. Heavy scores on half types: 2 in the forward
+// (GATv2 at bf16: 78 registers, so 3 blocks a SM run), 4 in the backward passes (at 2 blocks a SM
+// either way; with 2 they held too few bytes in flight: DRAM 25-42% busy at products size).
 template <typename T, int NV, bool kHeavy>
 constexpr int kBlocksPerSM = sizeof(T) == 8 ? 1 : kHeavy || NV == 8 ? 2 : 3;
-template <typename T, int NV, bool kHeavy>
-constexpr int kEdgeBatch = std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 || kHeavy ? 2 : 3) / NV);
+template <typename T, int NV, bool kHeavy, bool kBackward = false>
+constexpr int kEdgeBatch =
+    std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 ? 2 : kHeavy ? (kBackward ? 4 : 2) : 3) / NV);
 
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;

@@ -249,9 +249,9 @@ struct Gatv2Score : GatFamily {
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, true>;
   template <typename T, int NV, bool kEdge>
-  static constexpr int kDstBatch = kEdgeBatch<T, NV, true>;
+  static constexpr int kDstBatch = kEdgeBatch<T, NV, true, true>;
   template <typename T, int NV, bool kEdge>
-  static constexpr int kSrcBatch = kEdgeBatch<T, NV, true>;
+  static constexpr int kSrcBatch = kEdgeBatch<T, NV, true, true>;
 
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct Dst {

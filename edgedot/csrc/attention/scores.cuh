@@ -54,7 +54,7 @@ struct DotScore {
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // One edge for float32 rows of two vectors a lane: more would spill.
   template <typename T, int NV, bool kEdge>
-  static constexpr int kDstBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kEdgeBatch<T, NV, kEdge>;
+  static constexpr int kDstBatch = std::is_same_v<T, float> && NV == 2 ? 1 : kEdgeBatch<T, NV, kEdge, true>;
   // The src pass holds lse and delta besides the rows: one edge fewer without edge_feat.
   template <typename T, int NV, bool kEdge>
   static constexpr int kSrcBatch = kEdge ? kDstBatch<T, NV, true> : std::max(1, kDstBatch<T, NV, false> - 1);
