@@ -1,7 +1,7 @@
 """The host's time to issue single pieces of an attention call on a CUDA machine, so that the
 costliest can be told apart (docs/performance.md, the mini-batch profile's host column).
 
-    python scripts/host_costs.py [--seeds 16384] [--fanout 10] [--dtype float32]
+    python scripts/host_costs.py [--seeds 16384] [--fanout 10] [--dtype float32] [--layers]
 
 The batch is scripts/profile_minibatch.py's: ``seeds`` destinations with ``fanout`` in-edges each,
 sources among ``11 * seeds`` nodes, 4 heads of 32. Each piece is timed with ``time.perf_counter``
@@ -43,7 +43,13 @@ def main():
     parser.add_argument("--seeds", type=int, default=16_384)
     parser.add_argument("--fanout", type=int, default=10)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--layers", action="store_true",
+                        help="time the three layers' forward + backward (edgedot's and PyG's) instead, and "
+                             "profile edgedot's by Python function")
     args = parser.parse_args()
+    if args.layers:
+        layers(args)
+        return
     dtype = getattr(torch, args.dtype)
     ext = cuda_module()
     num_nodes = 11 * args.seeds
@@ -95,6 +101,37 @@ def main():
     with torch.autograd.set_multithreading_enabled(False):
         print(f"{host_us(forward_backward):9.1f}  graph_attention forward + backward, backward on the calling thread")
         profile(forward_backward)
+
+
+def layers(args):
+    """Host µs of edgedot's three layers' forward + backward on the batch, default options (the
+    backward on the calling thread, as cProfile needs), then cProfile's view of each."""
+    import edgedot.nn
+    dtype = getattr(torch, args.dtype)
+    num_nodes = 11 * args.seeds
+    gen = torch.Generator("cuda").manual_seed(0)
+    dst = torch.arange(args.seeds, device="cuda").repeat_interleave(args.fanout)
+    src = torch.randint(num_nodes, (dst.shape[0],), generator=gen, device="cuda")
+    edge_index = torch.stack([src, dst])
+    x = torch.randn(num_nodes, 128, generator=gen, device="cuda", dtype=dtype)
+    grad = torch.randn(num_nodes, HEADS * DIM, generator=gen, device="cuda", dtype=dtype)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, E={dst.shape[0]}, "
+          f"N={num_nodes}; host µs per layer forward + backward (backward on the calling thread), device kept busy")
+    steps = {}
+    for name in ("TransformerConv", "GATConv", "GATv2Conv"):
+        ours = getattr(edgedot.nn, name)(128, DIM, heads=HEADS).to("cuda", dtype)
+
+        def step(layer=ours):
+            for p in layer.parameters():
+                p.grad = None
+            layer(x, edge_index.clone()).backward(grad)
+        steps[name] = step
+    with torch.autograd.set_multithreading_enabled(False):
+        for name, step in steps.items():
+            print(f"{host_us(step):9.1f}  {name}", flush=True)
+        for name, step in steps.items():
+            print(f"\n== {name}")
+            profile(step, top=40)
 
 
 def profile(piece, top=30):
