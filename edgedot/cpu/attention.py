@@ -53,13 +53,14 @@ def _kept(alpha, key, start, stop, p):
 
 
 # index_add_ spends about the same time on a row whatever its width (it sets up an elementwise add
-# for each). Rows of at most FLAT_ROW_ELEMENTS elements are added one element at a time through
-# flat views instead (4096 rows of 8 floats: 182 us by rows, 58 us flat; of 64 floats 295 against
-# 405, on 2 cores). A chunk of at least SPARSE_MIN_ROWS rows, and of at least half as many rows as
+# for each). At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS elements are added one
+# element at a time through flat views instead (4096 rows of 8 floats: 182 us by rows, 58 us flat;
+# of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small ops). A chunk of at least SPARSE_MIN_ROWS rows, and of at least half as many rows as
 # `out` has, is summed as a product with the sparse 0/1 matrix of its rows' destinations (CSR,
 # each row of `out` adding its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us
 # by index_add_, 655 us so; its cost grows with the rows of `out`, hence the second bound.
 FLAT_ROW_ELEMENTS = 16
+FLAT_MIN_ROWS = 512
 SPARSE_MIN_ROWS = 8192
 # torch.sort sorts integer tensors of at least this many elements by radix (246 us for 32768 on 2
 # cores) and shorter ones by comparisons (1512 us for 32767): shorter indices are padded to it.
@@ -95,7 +96,7 @@ def add_rows(out, idx, rows):
     width = out[0].numel() if out.dim() > 1 and num_rows > 0 else 0
     if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
         out.index_add_(0, idx, rows)
-    elif width <= FLAT_ROW_ELEMENTS:
+    elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
         flat = (idx[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
         out.view(-1).index_add_(0, flat, rows.reshape(-1))
     elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows:
