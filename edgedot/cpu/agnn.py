@@ -6,7 +6,7 @@ from the saved log-sum-exp.
 
 import torch
 
-from .attention import _gather, acc_dtype, add_rows, softmax_forward, softmax_grads
+from .attention import RowSums, _gather, acc_dtype, softmax_forward, softmax_grads
 
 
 def _beta(beta, like, acc):
@@ -53,7 +53,8 @@ def backward(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx):
         d_dot = ds * beta
         if dead.any():
             d_dot = d_dot.masked_fill(dead, 0)  # ds is 0 there; 0 * an infinite beta would be NaN
-        add_rows(d_x_norm, dst, d_dot[..., None] * rows_src)
-        add_rows(d_x_norm, src, d_dot[..., None] * rows_dst)
-        add_rows(dx, src, kept[..., None] * grads)
+        RowSums(dst).add(d_x_norm, d_dot[..., None] * rows_src)
+        to_src = RowSums(src)
+        to_src.add(d_x_norm, d_dot[..., None] * rows_dst)
+        to_src.add(dx, kept[..., None] * grads)
     return d_x_norm.to(x.dtype), dx.to(x.dtype), d_beta

@@ -1,5 +1,5 @@
 """CPU implementation of graph attention: chunks of edges, so extra memory stays bounded whatever
-E is, and every sum is an in-order ``index_add_`` (:func:`add_rows`; deterministic).
+E is, and every sum is in edge order (:class:`RowSums`; deterministic).
 
 Forward in two passes over the edges: the maximum score of each (destination, head), then the
 sum of ``exp(score - max)`` and the weighted values. The backward recomputes the scores from the
@@ -55,57 +55,60 @@ def _kept(alpha, key, start, stop, p):
 # index_add_ spends about the same time on a row whatever its width (it sets up an elementwise add
 # for each). At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS elements are added one
 # element at a time through flat views instead (4096 rows of 8 floats: 182 us by rows, 58 us flat;
-# of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small ops). A chunk of at least SPARSE_MIN_ROWS rows, and of at least half as many rows as
-# `out` has, is summed as a product with the sparse 0/1 matrix of its rows' destinations (CSR,
-# each row of `out` adding its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us
-# by index_add_, 655 us so; its cost grows with the rows of `out`, hence the second bound.
+# of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small ops). A chunk of at
+# least SPARSE_MIN_ROWS rows, and of at least half as many rows as the table, is summed as a
+# product with the sparse 0/1 matrix of its rows' destinations (CSR, each row of the table adding
+# its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us by index_add_, 655 us
+# so; its cost grows with the rows of the table, hence the second bound.
 FLAT_ROW_ELEMENTS = 16
 FLAT_MIN_ROWS = 512
 SPARSE_MIN_ROWS = 8192
 # torch.sort sorts integer tensors of at least this many elements by radix (246 us for 32768 on 2
 # cores) and shorter ones by comparisons (1512 us for 32767): shorter indices are padded to it.
 _RADIX_SORT_ELEMENTS = 1 << 15
-_last_matrix = None  # (idx, num_rows, matrix): the sums of a chunk with one index share its matrix
 
 
-def _sum_matrix(idx, num_rows):
-    """The ``[num_rows, len(idx)]`` CSR matrix with a 1 at ``(idx[i], i)``, each row's entries in
-    the order of ``i``."""
-    global _last_matrix
-    last = _last_matrix
-    if last is not None and last[0] is idx and last[1] == num_rows:
-        return last[2]
-    count = idx.shape[0]
-    keys = idx
-    if count < _RADIX_SORT_ELEMENTS:  # padding keys (num_rows) sort last, and are dropped
-        keys = torch.cat([idx, idx.new_full((_RADIX_SORT_ELEMENTS - count,), num_rows)])
-    order = torch.sort(keys, stable=True).indices[:count]
-    crow = torch.zeros(num_rows + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(idx, minlength=num_rows), 0, out=crow[1:])
-    with warnings.catch_warnings():  # PyTorch calls its sparse CSR layout beta, once a process
-        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta state")
-        matrix = torch.sparse_csr_tensor(crow, order, torch.ones(count), (num_rows, count), check_invariants=False)
-    _last_matrix = (idx, num_rows, matrix)
-    return matrix
+class RowSums:
+    """Sums of a chunk's per-edge rows into the rows of tables by one int32 index ``idx``:
+    :meth:`add` is ``out.index_add_(0, idx, rows)``, each row of ``out`` adding its edges in edge
+    order (deterministic). The sparse matrix of the index is built once, for the first sum that
+    takes it, and serves the chunk's other sums by the same index."""
 
+    def __init__(self, idx):
+        self.idx = idx
+        self._matrix = None
 
-def add_rows(out, idx, rows):
-    """``out.index_add_(0, idx, rows)`` for a contiguous ``out`` and int32 ``idx``: ``rows[i]`` added
-    to ``out[idx[i]]`` in the order of ``i`` (deterministic)."""
-    count, num_rows = idx.shape[0], out.shape[0]
-    width = out[0].numel() if out.dim() > 1 and num_rows > 0 else 0
-    if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
-        out.index_add_(0, idx, rows)
-    elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
-        flat = (idx[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
-        out.view(-1).index_add_(0, flat, rows.reshape(-1))
-    elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows:
-        matrix = _sum_matrix(idx, num_rows)
-        if matrix.dtype != rows.dtype:
-            matrix = matrix.to(rows.dtype)
-        out.view(num_rows, width).addmm_(matrix, rows.reshape(count, width))
-    else:
-        out.index_add_(0, idx, rows)
+    def _sparse(self, num_rows, dtype):
+        """The ``[num_rows, len(idx)]`` CSR matrix with a 1 at ``(idx[i], i)``, each row's entries
+        in the order of ``i``."""
+        if self._matrix is None or self._matrix.shape[0] != num_rows or self._matrix.dtype != dtype:
+            idx, count = self.idx, self.idx.shape[0]
+            keys = idx
+            if count < _RADIX_SORT_ELEMENTS:  # padding keys (num_rows) sort last, and are dropped
+                keys = torch.cat([idx, idx.new_full((_RADIX_SORT_ELEMENTS - count,), num_rows)])
+            order = torch.sort(keys, stable=True).indices[:count]
+            crow = torch.zeros(num_rows + 1, dtype=torch.int64)
+            torch.cumsum(torch.bincount(idx, minlength=num_rows), 0, out=crow[1:])
+            with warnings.catch_warnings():  # PyTorch calls its sparse CSR layout beta, once a process
+                warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta state")
+                self._matrix = torch.sparse_csr_tensor(crow, order, torch.ones(count, dtype=dtype),
+                                                       (num_rows, count), check_invariants=False)
+        return self._matrix
+
+    def add(self, out, rows):
+        """``out.index_add_(0, idx, rows)`` for a contiguous ``out``, in edge order."""
+        idx = self.idx
+        count, num_rows = idx.shape[0], out.shape[0]
+        width = out[0].numel() if out.dim() > 1 and num_rows > 0 else 0
+        if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
+            out.index_add_(0, idx, rows)
+        elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
+            flat = (idx[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
+            out.view(-1).index_add_(0, flat, rows.reshape(-1))
+        elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows:
+            out.view(num_rows, width).addmm_(self._sparse(num_rows, rows.dtype), rows.reshape(count, width))
+        else:
+            out.index_add_(0, idx, rows)
 
 
 def _gather(table, idx, acc):
@@ -149,10 +152,11 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
         src, dst = rows(start, stop)
         scores = kept_scores[chunk] if kept_scores is not None else score(start, stop, src, dst)
         weight = torch.exp(scores - top.index_select(0, dst))
-        add_rows(total, dst, weight)
+        to_dst = RowSums(dst)
+        to_dst.add(total, weight)
         if alpha is not None:
             alpha[start:stop] = weight
-        add_rows(weighted, dst, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
+        to_dst.add(weighted, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
 
     # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
     # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
@@ -232,11 +236,11 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
         ds = scale * ds
         if dead.any():
             keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN
-        add_rows(dq, dst, ds[..., None] * keys)
-        d_keys = ds[..., None] * queries
-        add_rows(dk, src, d_keys)
-        d_values = kept[..., None] * grads
-        add_rows(dv, src, d_values)
+        RowSums(dst).add(dq, ds[..., None] * keys)
+        d_keys, d_values = ds[..., None] * queries, kept[..., None] * grads
+        to_src = RowSums(src)
+        to_src.add(dk, d_keys)
+        to_src.add(dv, d_values)
         if edge_feat_grad:
             d_edge_feat[start:stop] = d_keys + d_values
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), d_edge_feat

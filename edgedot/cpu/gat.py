@@ -6,7 +6,7 @@ is in edge order (deterministic). The backward recomputes the scores from the sa
 import torch
 import torch.nn.functional as F
 
-from .attention import _gather, acc_dtype, add_rows, softmax_forward, softmax_grads
+from .attention import RowSums, _gather, acc_dtype, softmax_forward, softmax_grads
 
 
 def _leaky_relu(z, slope):
@@ -92,10 +92,11 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
     for start, stop, src, dst, ds, _, kept, grads, z in softmax_grads(
             grad_out, out, lse.to(acc), score, _values(x, acc), src_idx, dst_idx, dim, dropout_p, key):
         dz = _slope_grad(ds, z, negative_slope)
-        add_rows(da_dst, dst, dz)
+        RowSums(dst).add(da_dst, dz)
         if src_grad:
-            add_rows(da_src, src, dz)
-            add_rows(dx, src, kept[..., None] * grads)
+            to_src = RowSums(src)
+            to_src.add(da_src, dz)
+            to_src.add(dx, kept[..., None] * grads)
         if a_edge_grad:
             da_edge[start:stop] = dz
     if not src_grad:
@@ -123,9 +124,9 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
         dm = _slope_grad(ds[..., None] * att_acc, m, negative_slope)
         # Summed per chunk, chunks in order: deterministic.
         datt += (ds[..., None] * act).sum(0)
-        add_rows(dx_dst, dst, dm)
+        RowSums(dst).add(dx_dst, dm)
         if src_grad:
-            add_rows(dx_src, src, kept[..., None] * grads + dm)
+            RowSums(src).add(dx_src, kept[..., None] * grads + dm)
         if edge_feat_grad:
             d_edge_feat[start:stop] = dm
     dx_src = dx_src.to(dtype) if src_grad else _empty(x_src)

@@ -1,7 +1,7 @@
 """The ops, one module per family: :mod:`~edgedot.ops.edge_dot`, :mod:`~edgedot.ops.attention`,
 :mod:`~edgedot.ops.gat` and :mod:`~edgedot.ops.agnn`, each with its public function and the
-``torch.library`` operators behind it; :mod:`~edgedot.ops.node_logits`, GAT's per-node logits; :mod:`~edgedot.ops.column_sum`, the layers'
-bias gradients."""
+``torch.library`` operators behind it; :mod:`~edgedot.ops.node_logits`, GAT's per-node logits;
+:mod:`~edgedot.ops.column_sum`, the layers' bias gradients."""
 
 from . import agnn, attention, column_sum, edge_dot, gat, node_logits
 
