@@ -239,6 +239,25 @@ inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
   }
 }
 
+// What the dst pass hands the src pass of one (edge, head) where a policy's kSrcFromRecords says its
+// src pass reads them instead of recomputing the score: alpha (before dropout) and ds, in the
+// accumulation type. An edge the dst pass skips (alpha 0) records {0, 0}.
+template <typename A>
+struct alignas(2 * sizeof(A)) EdgeRecord {
+  A alpha, ds;
+};
+
+template <typename A>
+__device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
+  if constexpr (std::is_same_v<A, double>) {
+    const double2 v = __ldg(reinterpret_cast<const double2*>(p));
+    return {v.x, v.y};
+  } else {
+    const float2 v = __ldg(reinterpret_cast<const float2*>(p));
+    return {v.x, v.y};
+  }
+}
+
 // ---- The passes ---------------------------------------------------------------------------------
 // A score policy Score (scores.cuh) gives the passes:
 //   Inputs, ForwardArgs, BackwardArgs: its argument structs (edgedot.h); num_dst, num_src, dim_v
@@ -255,6 +274,10 @@ inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
 //     value_dot(grad_out row, j, t), zero_grads, add_grads(j, ds, alpha', grad_out row, t),
 //     store_grads;
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
+//   kSrcFromRecords: whether the src pass reads each (edge, head)'s alpha and ds from the dst pass
+//     (records(args), EdgeRecord<A>*, null when no src pass follows) instead of recomputing them;
+//     then Dst::store_src_state(args, edge * heads + h, j, t) writes whatever else the src pass
+//     needs of edge j, and Src::load takes the BackwardArgs and needs no score or value_dot.
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
 
@@ -278,6 +301,9 @@ constexpr int kEdgeBatch =
 
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
+// A src pass from records holds no score rows: the light budget.
+template <class Score, typename T, int NV, bool kEdge>
+constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::kSrcFromRecords>;
 
 // One team of lanes per (destination, head) unit (for_each_unit) walks the destination's edges with
 // an online softmax; no per-edge row ever reaches memory. The softmax state (m, l) is the same bits
@@ -417,6 +443,8 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   const A* lse_in = static_cast<const A*>(a.lse);
   A* delta_out = static_cast<A*>(a.delta);
   T* edge_grads = Dst::edge_grads(a);
+  EdgeRecord<A>* records = nullptr;
+  if constexpr (Score::kSrcFromRecords) records = Score::template records<A>(a);
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
@@ -445,14 +473,23 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
                                                                   : nullptr;
             const A s = e[j].other >= 0 ? side.score(j, t) : A(0);
             const A alpha = accurate_exp(s - lse);
+            // The src pass visits an edge only where both its rows are in range (other >= 0).
+            const int64_t edge_head = int64_t{e[j].edge} * heads + h;
             if (e[j].other < 0 || alpha == A(0)) {
               if (edge_row != nullptr) side.zero_edge_grad(edge_row, t);
+              if (records != nullptr && e[j].other >= 0 && t.lane == 0) records[edge_head] = {A(0), A(0)};
               continue;
             }
             const A dp = t.sum(side.value_dot(dout, j, t));
             const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * keep - delta);
             side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
+            if constexpr (Score::kSrcFromRecords) {
+              if (records != nullptr) {
+                if (t.lane == 0) records[edge_head] = {alpha, ds};
+                side.store_src_state(a, edge_head, j, t);
+              }
+            }
           }
         });
     side.store_grads(a, w, unit, t);
@@ -471,8 +508,10 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
 // The backward's source pass, reading the dst pass's delta: a team per (s, h) unit walks the
 // source's outgoing edges, each destination's grad_out row, lse and delta in flight, and writes the
 // source's gradients without atomics. A chunk of a long row writes its partial gradients to its slot.
+// A policy with kSrcFromRecords reads each edge's alpha and ds (and its own per-edge state) from
+// the dst pass instead: grad_out rows and records in flight, no score recomputed.
 template <class Score, typename T, int VEC, int NV, bool kEdge>
-__global__ void __launch_bounds__(kBlockThreads, kScoreBlocksPerSM<Score, T, NV, kEdge>)
+__global__ void __launch_bounds__(kBlockThreads, kSrcBlocksPerSM<Score, T, NV, kEdge>)
 attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   using A = accum_t<T>;
   constexpr int B = Score::template kSrcBatch<T, NV, kEdge>;
@@ -483,8 +522,6 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   const int64_t num_dst = Score::num_dst(in), num_src = Score::num_src(in), heads = in.heads;
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const A* lse_in = static_cast<const A*>(a.lse);
-  const A* delta_in = static_cast<const A*>(a.delta);
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
@@ -494,31 +531,57 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
     if (w.begin < w.end) side.begin(in, t, s, h);  // a source without edges: zero gradients
     side.zero_grads();
     RawRow<T, VEC, NV> gr[B];
-    A lse[B], delta[B];
-    walk_edges<B>(
-        a.src, in.num_edges, num_dst, t, s, w.begin, w.end,
-        [&](const GroupedEdge (&e)[B]) {
-          side.load(in, t, e, h);
+    if constexpr (Score::kSrcFromRecords) {
+      const EdgeRecord<A>* records = Score::template records<A>(a);
+      EdgeRecord<A> rec[B];
+      walk_edges<B>(
+          a.src, in.num_edges, num_dst, t, s, w.begin, w.end,
+          [&](const GroupedEdge (&e)[B]) {
+            side.load(a, t, e, h);
 #pragma unroll
-          for (int j = 0; j < B; ++j) {
-            const bool ok = e[j].other >= 0;
-            const int64_t n = e[j].other;
-            gr[j].load(ok ? row_head<T>(a.grad_out, n, h) : nullptr, t, vvec);
-            lse[j] = ok ? __ldg(lse_in + n * heads + h) : A(0);
-            delta[j] = ok ? __ldg(delta_in + n * heads + h) : A(0);
-          }
-        },
-        [&](const GroupedEdge (&e)[B], int64_t) {
+            for (int j = 0; j < B; ++j) {
+              const bool ok = e[j].other >= 0;
+              gr[j].load(ok ? row_head<T>(a.grad_out, e[j].other, h) : nullptr, t, vvec);
+              rec[j] = ok ? load_record(records + int64_t{e[j].edge} * heads + h) : EdgeRecord<A>{A(0), A(0)};
+            }
+          },
+          [&](const GroupedEdge (&e)[B], int64_t) {
 #pragma unroll
-          for (int j = 0; j < B; ++j) {
-            if (e[j].other < 0) continue;  // past the end, or an out-of-range destination: adds nothing
-            const A alpha = accurate_exp(side.score(j, t) - lse[j]);
-            if (alpha == A(0)) continue;  // a -inf score adds nothing
-            const A dp = t.sum(side.value_dot(gr[j], j, t));
-            const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
-            side.add_grads(j, alpha * (dp * keep - delta[j]), alpha * keep, gr[j], t);
-          }
-        });
+            for (int j = 0; j < B; ++j) {
+              if (e[j].other < 0 || rec[j].alpha == A(0)) continue;  // as the recomputing pass skips
+              const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
+              side.add_grads(j, rec[j].ds, rec[j].alpha * keep, gr[j], t);
+            }
+          });
+    } else {
+      const A* lse_in = static_cast<const A*>(a.lse);
+      const A* delta_in = static_cast<const A*>(a.delta);
+      A lse[B], delta[B];
+      walk_edges<B>(
+          a.src, in.num_edges, num_dst, t, s, w.begin, w.end,
+          [&](const GroupedEdge (&e)[B]) {
+            side.load(in, t, e, h);
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+              const bool ok = e[j].other >= 0;
+              const int64_t n = e[j].other;
+              gr[j].load(ok ? row_head<T>(a.grad_out, n, h) : nullptr, t, vvec);
+              lse[j] = ok ? __ldg(lse_in + n * heads + h) : A(0);
+              delta[j] = ok ? __ldg(delta_in + n * heads + h) : A(0);
+            }
+          },
+          [&](const GroupedEdge (&e)[B], int64_t) {
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+              if (e[j].other < 0) continue;  // past the end, or an out-of-range destination: adds nothing
+              const A alpha = accurate_exp(side.score(j, t) - lse[j]);
+              if (alpha == A(0)) continue;  // a -inf score adds nothing
+              const A dp = t.sum(side.value_dot(gr[j], j, t));
+              const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
+              side.add_grads(j, alpha * (dp * keep - delta[j]), alpha * keep, gr[j], t);
+            }
+          });
+    }
     side.store_grads(a, w, unit, t);
   });
 }
@@ -580,6 +643,22 @@ void launch_backward_dst(const typename Score::BackwardArgs& a, ScalarKind scala
     });
     if (a.dst_chunks.first_chunk != nullptr) Score::template merge_dst<T>(a, stream);
   });
+}
+
+// Bytes of what the dst pass hands a kSrcFromRecords src pass (records, then the policy's
+// src_state_width bytes per (edge, head) at the pass's vector width); 0 for other policies.
+template <class Score>
+int64_t src_state_bytes(const typename Score::BackwardArgs& a, ScalarKind scalar) {
+  int64_t bytes = 0;
+  if constexpr (Score::kSrcFromRecords) {
+    dispatch_scalar(scalar, [&](auto zero) {
+      using T = decltype(zero);
+      const int vec = Score::template vectorizable<T>(a) ? wide_vec<T>() : 1;
+      bytes = a.in.num_edges * a.in.heads *
+              (static_cast<int64_t>(sizeof(EdgeRecord<accum_t<T>>)) + Score::src_state_width(a.in, vec));
+    });
+  }
+  return bytes;
 }
 
 // The src pass (the sources' gradients, reading delta) and its merges.

@@ -11,4 +11,8 @@ void launch_gat_backward_src(const GatBackwardArgs& a, ScalarKind scalar, cudaSt
   }
 }
 
+int64_t gat_src_state_bytes(const GatBackwardArgs& a, ScalarKind scalar) {
+  return a.in.v2 && a.dx != nullptr ? src_state_bytes<Gatv2Score>(a, scalar) : 0;
+}
+
 }  // namespace edgedot

@@ -70,6 +70,7 @@ struct GatScore : GatFamily {
   // Per-edge extras are scalars: the register budget of a light score.
   template <bool kEdge>
   static constexpr bool kHeavy = false;
+  static constexpr bool kSrcFromRecords = false;  // its src pass gathers scalars besides grad_out
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
   template <typename T, int NV, bool kEdge>
@@ -234,10 +235,15 @@ __device__ __forceinline__ accum_t<T> gatv2_lane_score(const LaneRow<T, VEC, NV>
   return acc;
 }
 
-// dm = ds * att * leaky_relu'(m) for one element.
+// dm = ds * att * leaky_relu'(m) for one element, from m or from whether m > 0.
+template <typename A>
+__device__ __forceinline__ A gatv2_dm_of_sign(A ds, A att, bool positive, A slope) {
+  return ds * (att * (positive ? A(1) : slope));
+}
+
 template <typename A>
 __device__ __forceinline__ A gatv2_dm(A ds, A att, A m, A slope) {
-  return ds * (att * leaky_relu_grad(m, slope));
+  return gatv2_dm_of_sign(ds, att, m > A(0), slope);
 }
 
 struct Gatv2Score : GatFamily {
@@ -246,6 +252,20 @@ struct Gatv2Score : GatFamily {
   // x_dst and att rows besides the output row: the register budget of per-edge rows.
   template <bool kEdge>
   static constexpr bool kHeavy = true;
+  // The src pass would gather x_dst (and edge_feat) rows again for m; the dst pass records alpha,
+  // ds and the signs of m instead (a bit per element, a byte per vector), so it gathers only
+  // grad_out rows and recomputes nothing.
+  static constexpr bool kSrcFromRecords = true;
+  template <typename A>
+  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
+    return static_cast<EdgeRecord<A>*>(a.src_state);
+  }
+  // Bytes of m's signs per (edge, head): one per vector of vec elements.
+  static int64_t src_state_width(const Inputs& in, int vec) { return in.dim / vec; }
+  template <typename A>
+  __device__ static uint8_t* signs(const BackwardArgs& a) {
+    return reinterpret_cast<uint8_t*>(records<A>(a) + a.in.num_edges * a.in.heads);
+  }
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, true>;
   template <typename T, int NV, bool kEdge>
@@ -319,6 +339,19 @@ struct Gatv2Score : GatFamily {
         if (edge_row != nullptr) *reinterpret_cast<Vec<T, VEC>*>(edge_row + (t.lane + u * t.group) * VEC) = dm_out;
       }
     }
+    // The signs of edge j's m, a byte per vector (bit c: element c > 0), for the src pass.
+    __device__ __forceinline__ void store_src_state(const BackwardArgs& a, int64_t edge_head, int j,
+                                                    const Team& t) const {
+      uint8_t* row = signs<A>(a) + edge_head * vecs;
+#pragma unroll
+      for (int u = 0; u < NV; ++u) {
+        if (!lane_has<NV>(t, vecs, u)) continue;
+        unsigned bits = 0;
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) bits |= (gatv2_m<A>(xr[j], xd, er[j], kEdge, u, c) > A(0) ? 1u : 0u) << c;
+        row[t.lane + u * t.group] = static_cast<uint8_t>(bits);
+      }
+    }
     // datt_rows: each destination's share of datt (accumulation type), summed afterwards.
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
@@ -332,38 +365,35 @@ struct Gatv2Score : GatFamily {
     }
   };
 
+  // The src pass from the dst pass's records: dx += alpha' * grad_out + ds * att * leaky_relu'(m),
+  // leaky_relu'(m) from the recorded signs.
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct Src {
     using A = accum_t<T>;
     const int vecs;
     const A slope;
-    RawRow<T, VEC, NV> xs;
     LaneRow<T, VEC, NV> att, dx;
-    RawRow<T, VEC, NV> xdr[B], er[B];
+    uint8_t positive[B][NV];
 
     __device__ __forceinline__ explicit Src(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
 
-    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
-      xs.load(row_head<T>(in.x, s, h), t, vecs);
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t, int64_t h) {
       load_widened(att, row_head<T>(in.att, 0, h), t, vecs);
     }
-    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+    __device__ __forceinline__ void load(const BackwardArgs& a, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+      const uint8_t* all = signs<A>(a);
 #pragma unroll
       for (int j = 0; j < B; ++j) {
-        const bool ok = e[j].other >= 0;
-        xdr[j].load(ok ? row_head<T>(in.x_dst, e[j].other, h) : nullptr, t, vecs);
-        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, vecs);
+        const uint8_t* row = all + (int64_t{e[j].edge} * a.in.heads + h) * vecs;
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+          const int v = t.lane + u * t.group;
+          positive[j][u] = e[j].other >= 0 && v < vecs ? __ldg(row + v) : 0;
+        }
       }
     }
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return t.sum(gatv2_lane_score(att, xs, xdr[j], er[j], kEdge, slope, t, vecs));
-    }
-    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
-      return lane_dot(gr, xs, xs, false, t, vecs);
-    }
     __device__ __forceinline__ void zero_grads() { dx.zero(); }
-    // dx += alpha' * grad_out + ds * att * leaky_relu'(m).
     __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
                                               const Team& t) {
 #pragma unroll
@@ -372,7 +402,7 @@ struct Gatv2Score : GatFamily {
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
           A d = fma_accum(alpha_keep, gr.at(u, c), dx.x[u][c]);
-          d += gatv2_dm(ds, att.at(u, c), gatv2_m<A>(xs, xdr[j], er[j], kEdge, u, c), slope);
+          d += gatv2_dm_of_sign(ds, att.at(u, c), ((positive[j][u] >> c) & 1u) != 0, slope);
           dx.x[u][c] = d;
         }
       }

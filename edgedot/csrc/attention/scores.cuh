@@ -50,6 +50,7 @@ struct DotScore {
 
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
+  static constexpr bool kSrcFromRecords = false;  // its src pass needs q rows anyway
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // One edge for float32 rows of two vectors a lane: more would spill.

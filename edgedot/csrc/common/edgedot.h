@@ -347,6 +347,9 @@ struct GatBackwardArgs {
   void* edge_grad;     // GAT: da_edge; GATv2: d_edge_feat; or null
   void* dx;
   void* da_src;        // GAT only
+  // GATv2 with a src pass: [num_edges * heads] EdgeRecord (alpha, ds), then the signs of m, a byte
+  // per vector (src_state_bytes); written by the dst pass, read by the src pass. Null otherwise.
+  void* src_state;
   // Chunk partials (accumulation type) of long rows: [dst max_slots, heads, dst_grad's width (1 or
   // dim)], [dst max_slots, heads, dim], [src max_slots, heads, dim], [src max_slots, heads, 1].
   void* part_dst_grad;
@@ -361,6 +364,8 @@ void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStrea
 // delta. Every element of the outputs is written: rows without edges as zeros.
 void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+// Bytes of args.src_state the passes need (0: none), with every other field of args set.
+int64_t gat_src_state_bytes(const GatBackwardArgs& args, ScalarKind scalar);
 
 // Column sums (common/column_sum.cu): out[c] = sum over r < rows of x[r * row_stride + c] for x and
 // out of `scalar`, through partial [column_sum_blocks(rows), width] in its accumulation type; the
