@@ -68,14 +68,16 @@ def shrunk_gat(case):
 
 
 def forward_backward_bytes(case):
-    """Least bytes of the forward and a deterministic backward by recomputation: the forward's,
-    the destination pass (each edge's source row and indices; each node's grad_out and out rows
-    read, for GATv2 also x_dst read and dx_dst written) and the source pass (each edge's
-    destination grad_out row, for GATv2 also its x_dst row, and indices; each node's source row
-    read and its gradient written)."""
+    """Least bytes of the forward and a deterministic two-pass backward: the forward's, the
+    destination pass (each edge's source row and indices; each node's grad_out and out rows read,
+    for GATv2 also x_dst read and dx_dst written, and each edge's record for the source pass
+    written: alpha and ds in float32 and a bit per element for the sign of m, per head) and the
+    source pass (each edge's destination grad_out row and indices, for GATv2 also the edge's
+    record; each node's source row read and its gradient written)."""
     row = case.heads * case.dim * case.dtype.itemsize
     gatv2 = case.conv == "gatv2"
-    per_edge = (3 if gatv2 else 2) * row + 4 * case.index_dtype.itemsize
+    record = case.heads * (8 + case.dim // 8) if gatv2 else 0
+    per_edge = 2 * row + 2 * record + 4 * case.index_dtype.itemsize
     return gather_bytes(case) + case.num_edges * per_edge + case.num_nodes * (6 if gatv2 else 4) * row
 
 
