@@ -116,7 +116,7 @@ class RowSums:
         """``out.index_add_(0, idx, rows)`` for a contiguous ``out``, in edge order."""
         idx = self.idx
         count, num_rows = idx.shape[0], out.shape[0]
-        width = out[0].numel() if out.dim() > 1 and num_rows > 0 else 0
+        width = out.numel() // num_rows if out.dim() > 1 and num_rows > 0 else 0
         if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
             out.index_add_(0, idx, rows)
         elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
@@ -191,8 +191,10 @@ def edge_softmax(scores, src, dst, dst_idx, num_dst, dropout_p, key):
     to_dst = RowSums(dst)
     total = torch.zeros((num_dst, heads), dtype=scores.dtype)
     to_dst.add(total, weight)
-    lse, divisor = _lse_and_divisor(top, total)
-    alpha = weight.div_(divisor.index_select(0, dst))
+    # An edge's node has a total of at least 1 (its top edge adds exp(0)) or NaN (amax keeps NaN):
+    # dividing by it is dividing by softmax_forward's divisor, without the where.
+    alpha = weight.div_(total.index_select(0, dst))
+    lse = top + torch.log(total)
     mask = _mask(key, 0, src.shape[0], heads, dropout_p)
     return lse, EdgeSoftmax(src, dst, alpha, _dropped(alpha, mask, dropout_p), mask, dropout_p, to_dst)
 
