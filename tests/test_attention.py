@@ -531,7 +531,8 @@ class _ExtensionOnCPU:
         assert isinstance(generator, torch.Generator) and isinstance(scale, float)
         rng_state = dropout.draw_cpu(generator)
         key = dropout.key(*rng_state.tolist())
-        return cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention)[:3] + (rng_state,)
+        out = cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention)
+        return out[:3] + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
                            src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):

@@ -25,6 +25,12 @@ CHUNK_ELEMENTS = 1 << 21
 # again, up to this many elements (the chunks bound the memory of larger graphs).
 KEPT_SCORE_ELEMENTS = 1 << 25
 
+def in_dtype(t, dtype):
+    """``t.to(dtype)``, without the call where ``t`` has that dtype already (a call that copies
+    nothing still costs about a microsecond, and small problems make a dozen)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def acc_dtype(dtype):
     """The accumulation dtype: float64 for float64, float32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -40,7 +46,7 @@ def _rows(idx, start, stop):
     # index_add_ adds int32-indexed rows in a serial loop, in edge order; with int64 it takes a
     # multi-threaded scatter path that measured 3x slower on one thread and up to 100x slower
     # on busy cores. Rows fit in int32 (checked by the caller).
-    return idx[start:stop].to(torch.int32)
+    return in_dtype(idx[start:stop], torch.int32)
 
 
 def keep_mask(key, start, stop, heads, p, device):
@@ -129,12 +135,12 @@ class RowSums:
 
 
 def _gather(table, idx, acc):
-    return table.index_select(0, idx).to(acc)
+    return in_dtype(table.index_select(0, idx), acc)
 
 
 def _keys(k, edge_feat, src, start, stop, acc):
     keys = _gather(k, src, acc)
-    return keys if edge_feat is None else keys + edge_feat[start:stop].to(acc)
+    return keys if edge_feat is None else keys + in_dtype(edge_feat[start:stop], acc)
 
 
 def _lse_and_divisor(top, total):
@@ -175,7 +181,7 @@ class EdgeSoftmax(NamedTuple):
 
 def edge_rows(idx):
     """The rows of every edge, int32 (see :func:`_rows`)."""
-    return idx.to(torch.int32)
+    return in_dtype(idx, torch.int32)
 
 
 def edge_softmax(scores, src, dst, dst_idx, num_dst, dropout_p, key):
@@ -204,7 +210,7 @@ def weighted_sum(softmax, values, num_dst, dtype):
     ``[E, H, Dv]`` weighted by ``alpha`` after dropout."""
     out = torch.zeros((num_dst,) + tuple(values.shape[1:]), dtype=values.dtype)
     softmax.to_dst.add(out, softmax.dropped[..., None] * values)
-    return out.to(dtype)
+    return in_dtype(out, dtype)
 
 
 def returned_alpha(softmax, dtype, return_attention):
@@ -219,10 +225,10 @@ def edge_softmax_grads(grad_out, out, softmax, values):
     """The backward of :func:`edge_softmax` and :func:`weighted_sum` up to the scores: ``(ds,
     dead, grads)`` as :func:`softmax_grads` yields them for a chunk."""
     alpha = softmax.alpha
-    dout = grad_out.to(alpha.dtype)
+    dout = in_dtype(grad_out, alpha.dtype)
     grads = dout.index_select(0, softmax.dst)
     dp = _dropped((grads * values).sum(-1), softmax.mask, softmax.dropout_p)
-    delta = (dout * out.to(alpha.dtype)).sum(-1)
+    delta = (dout * in_dtype(out, alpha.dtype)).sum(-1)
     ds, dead = _score_grads(dp, delta.index_select(0, softmax.dst), alpha)
     return ds, dead, grads
 
@@ -266,12 +272,12 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
         to_dst.add(weighted, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
 
     lse, divisor = _lse_and_divisor(top, total)
-    out = (weighted / divisor[..., None]).to(dtype)
+    out = in_dtype(weighted / divisor[..., None], dtype)
     if alpha is None:
         return out, lse, torch.empty((0,), dtype=dtype)
     for start, stop in chunks:
         alpha[start:stop] /= divisor.index_select(0, _rows(dst_idx, start, stop))
-    return out, lse, alpha.to(dtype)
+    return out, lse, in_dtype(alpha, dtype)
 
 
 def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dropout_p, key):
@@ -282,8 +288,8 @@ def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dr
     ``grad_out`` of each edge's destination; ``score(start, stop, src, dst)`` returns ``(scores,
     extra)``; ``width`` sizes the chunks as in :func:`softmax_forward`."""
     acc = lse.dtype
-    dout = grad_out.to(acc)
-    delta = (dout * out.to(acc)).sum(-1)
+    dout = in_dtype(grad_out, acc)
+    delta = (dout * in_dtype(out, acc)).sum(-1)
     for start, stop in _chunks(src_idx.shape[0], out.shape[1], width):
         src, dst = _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
         scores, extra = score(start, stop, src, dst)
@@ -310,7 +316,7 @@ def _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key
     src, dst = edge_rows(src_idx), edge_rows(dst_idx)
     queries, keys, values = _gather(q, dst, acc), _gather(k, src, acc), _gather(v, src, acc)
     if edge_feat is not None:
-        feat = edge_feat.to(acc)
+        feat = in_dtype(edge_feat, acc)
         keys, values = keys + feat, values + feat
     lse, softmax = edge_softmax(scale * (queries * keys).sum(-1), src, dst, dst_idx, q.shape[0], dropout_p, key)
     return lse, AttentionEdges(softmax, queries, keys, values)
@@ -338,7 +344,7 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_
 def _values(v, edge_feat, acc):
     def values(start, stop, src):
         gathered = _gather(v, src, acc)
-        return gathered if edge_feat is None else gathered + edge_feat[start:stop].to(acc)
+        return gathered if edge_feat is None else gathered + in_dtype(edge_feat[start:stop], acc)
     return values
 
 
@@ -361,8 +367,8 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
         ds, dead, grads = edge_softmax_grads(grad_out, out, softmax, kept.values)
         d_keys, d_values = _add_grads(dq, dk, dv, softmax.to_dst, RowSums(softmax.src), scale * ds, dead,
                                       kept.queries, kept.keys, softmax.dropped, grads)
-        d_edge_feat = (d_keys + d_values).to(q.dtype) if edge_feat_grad else q.new_empty((0,))
-        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), d_edge_feat
+        d_edge_feat = in_dtype(d_keys + d_values, q.dtype) if edge_feat_grad else q.new_empty((0,))
+        return in_dtype(dq, q.dtype), in_dtype(dk, q.dtype), in_dtype(dv, q.dtype), d_edge_feat
     d_edge_feat = q.new_empty((num_edges, heads, dim) if edge_feat_grad else (0,))
 
     def score(start, stop, src, dst):
@@ -370,13 +376,13 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
         return scale * (queries * keys).sum(-1), (queries, keys)
 
     for start, stop, src, dst, ds, dead, kept, grads, (queries, keys) in softmax_grads(
-            grad_out, out, lse.to(acc), score, _values(v, edge_feat, acc), src_idx, dst_idx, max(dim, dim_v),
-            dropout_p, key):
+            grad_out, out, in_dtype(lse, acc), score, _values(v, edge_feat, acc), src_idx, dst_idx,
+            max(dim, dim_v),            dropout_p, key):
         d_keys, d_values = _add_grads(dq, dk, dv, RowSums(dst), RowSums(src), scale * ds, dead, queries, keys,
                                       kept, grads)
         if edge_feat_grad:
             d_edge_feat[start:stop] = d_keys + d_values
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), d_edge_feat
+    return in_dtype(dq, q.dtype), in_dtype(dk, q.dtype), in_dtype(dv, q.dtype), d_edge_feat
 
 
 def _add_grads(dq, dk, dv, to_dst, to_src, ds, dead, queries, keys, dropped, grads):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import (EdgeSoftmax, RowSums, _gather, acc_dtype, edge_rows, edge_softmax, edge_softmax_grads,
-                        one_chunk, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
+                        in_dtype, one_chunk, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
 
 
 def _leaky_relu(z, slope):
@@ -35,7 +35,7 @@ def _gat_score(a_src, a_dst, a_edge, slope, acc):
     def score(start, stop, src, dst):
         z = _gather(a_src, src, acc) + _gather(a_dst, dst, acc)
         if a_edge is not None:
-            z = z + a_edge[start:stop].to(acc)
+            z = z + in_dtype(a_edge[start:stop], acc)
         return _leaky_relu(z, slope), z
     return score
 
@@ -43,12 +43,12 @@ def _gat_score(a_src, a_dst, a_edge, slope, acc):
 def _gatv2_score(x_src, x_dst, att, edge_feat, slope, acc):
     """Chunk scores ``<att, leaky_relu(m)>`` and ``(m, leaky_relu(m))``, ``m = x_src[s] + x_dst[n]
     + edge_feat[e]``."""
-    att = att.to(acc).contiguous()  # its layout would steer the order of the sum over channels
+    att = in_dtype(att, acc).contiguous()  # its layout would steer the order of the sum over channels
 
     def score(start, stop, src, dst):
         m = _gather(x_src, src, acc).add_(_gather(x_dst, dst, acc))
         if edge_feat is not None:
-            m += edge_feat[start:stop].to(acc)
+            m += in_dtype(edge_feat[start:stop], acc)
         act = _leaky_relu(m, slope)
         return (act * att).sum(-1), (m, act)
     return score
@@ -90,10 +90,10 @@ def _gatv2_edges(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
     values = _gather(x_src, src, acc)
     m = values + _gather(x_dst, dst, acc)
     if edge_feat is not None:
-        m += edge_feat.to(acc)
+        m += in_dtype(edge_feat, acc)
     act = _leaky_relu(m, negative_slope)
-    lse, softmax = edge_softmax((act * att.to(acc).contiguous()).sum(-1), src, dst, dst_idx, x_dst.shape[0],
-                                dropout_p, key)
+    lse, softmax = edge_softmax((act * in_dtype(att, acc).contiguous()).sum(-1), src, dst, dst_idx,
+                                x_dst.shape[0], dropout_p, key)
     return lse, Gatv2Edges(softmax, m, act, values)
 
 
@@ -159,19 +159,19 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
         ds, _, grads = edge_softmax_grads(grad_out, out, softmax, kept.values)
         dz = _add_gat_grads(dx, da_src, da_dst, softmax.to_dst, RowSums(softmax.src), ds, kept.z, softmax.dropped,
                             grads, negative_slope)
-        da_edge = dz.to(x.dtype) if a_edge_grad else x.new_empty((0,))
+        da_edge = in_dtype(dz, x.dtype) if a_edge_grad else x.new_empty((0,))
     else:
         da_edge = x.new_empty((src_idx.shape[0], heads) if a_edge_grad else (0,))
         score = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)
         for start, stop, src, dst, ds, _, dropped, grads, z in softmax_grads(
-                grad_out, out, lse.to(acc), score, _values(x, acc), src_idx, dst_idx, dim, dropout_p, key):
+                grad_out, out, in_dtype(lse, acc), score, _values(x, acc), src_idx, dst_idx, dim, dropout_p, key):
             dz = _add_gat_grads(dx, da_src, da_dst, RowSums(dst), RowSums(src), ds, z, dropped, grads,
                                 negative_slope)
             if a_edge_grad:
                 da_edge[start:stop] = dz
     if not src_grad:
-        return _empty(x), _empty(x), da_dst.to(x.dtype), da_edge
-    return dx.to(x.dtype), da_src.to(x.dtype), da_dst.to(x.dtype), da_edge
+        return _empty(x), _empty(x), in_dtype(da_dst, x.dtype), da_edge
+    return in_dtype(dx, x.dtype), in_dtype(da_src, x.dtype), in_dtype(da_dst, x.dtype), da_edge
 
 
 def _add_gatv2_grads(dx_src, dx_dst, datt, to_dst, to_src, ds, dead, m, act, att, dropped, grads, negative_slope):
@@ -197,7 +197,7 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
     dtype = x_src.dtype
     acc = acc_dtype(dtype)
     num_src, heads, dim = x_src.shape
-    att_acc = att.to(acc).contiguous()
+    att_acc = in_dtype(att, acc).contiguous()
     dx_src = torch.zeros((num_src, heads, dim), dtype=acc) if src_grad else None
     dx_dst = torch.zeros(x_dst.shape, dtype=acc)
     datt = torch.zeros((heads, dim), dtype=acc)
@@ -208,15 +208,16 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
         ds, dead, grads = edge_softmax_grads(grad_out, out, softmax, kept.values)
         dm = _add_gatv2_grads(dx_src, dx_dst, datt, softmax.to_dst, RowSums(softmax.src), ds, dead, kept.m, kept.act,
                               att_acc, softmax.dropped, grads, negative_slope)
-        d_edge_feat = dm.to(dtype) if edge_feat_grad else x_src.new_empty((0,))
+        d_edge_feat = in_dtype(dm, dtype) if edge_feat_grad else x_src.new_empty((0,))
     else:
         d_edge_feat = x_src.new_empty((src_idx.shape[0], heads, dim) if edge_feat_grad else (0,))
         score = _gatv2_score(x_src, x_dst, att, edge_feat, negative_slope, acc)
         for start, stop, src, dst, ds, dead, dropped, grads, (m, act) in softmax_grads(
-                grad_out, out, lse.to(acc), score, _values(x_src, acc), src_idx, dst_idx, dim, dropout_p, key):
+                grad_out, out, in_dtype(lse, acc), score, _values(x_src, acc), src_idx, dst_idx, dim, dropout_p,
+                key):
             dm = _add_gatv2_grads(dx_src, dx_dst, datt, RowSums(dst), RowSums(src), ds, dead, m, act, att_acc, dropped,
                                   grads, negative_slope)
             if edge_feat_grad:
                 d_edge_feat[start:stop] = dm
-    dx_src = dx_src.to(dtype) if src_grad else _empty(x_src)
-    return dx_src, dx_dst.to(dtype), datt.to(dtype), d_edge_feat
+    dx_src = in_dtype(dx_src, dtype) if src_grad else _empty(x_src)
+    return dx_src, in_dtype(dx_dst, dtype), in_dtype(datt, dtype), d_edge_feat

@@ -471,8 +471,9 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
         kept = eager.take_kept(ctx)
         if kept is not None:
             with torch.no_grad():  # as the op: no graph of the gradients, whatever create_graph says
-                grads = _backward_on_cpu(getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx,
-                                         ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad, kept)
+                grads = _backward_on_cpu(getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge, out, lse,
+                                         src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad,
+                                         src_grad, kept)
         else:
             grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                                 src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad)
