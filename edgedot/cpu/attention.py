@@ -25,6 +25,7 @@ CHUNK_ELEMENTS = 1 << 21
 # again, up to this many elements (the chunks bound the memory of larger graphs).
 KEPT_SCORE_ELEMENTS = 1 << 25
 
+
 def in_dtype(t, dtype):
     """``t.to(dtype)``, without the call where ``t`` has that dtype already (a call that copies
     nothing still costs about a microsecond, and small problems make a dozen)."""
