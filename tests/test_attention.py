@@ -372,6 +372,70 @@ def test_row_sums_in_edge_order(width, count, num_rows, dtype):
     assert torch.equal(runs[0][-1], start[-1])
 
 
+# Relative difference allowed between the one-chunk and the chunked CPU paths (two roundings).
+PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(dtype, index_dtype, monkeypatch):
+    """A problem of one chunk keeps the forward's softmax and gathered rows for the backward
+    (built once a step); the same problem in chunks recomputes them. Both against float64 (edge
+    features, dropout, non-contiguous k and v), each the same bits on a second run, and the two
+    paths within rounding of each other."""
+    q, k, v, src, dst, ef = make_inputs(dtype=dtype, index_dtype=index_dtype, edge_feat=True)
+    k, v = torch.cat([k, v], -1).split(k.shape[-1], -1)  # strided views of one tensor
+    built = []
+    edges = cpu_attention._attention_edges
+    monkeypatch.setattr(cpu_attention, "_attention_edges", lambda *a: built.append(1) or edges(*a))
+
+    def run():
+        generator = torch.Generator().manual_seed(3)
+        keep = dropout_keep(next_dropout_state("cpu", generator), src.shape[0], q.shape[1], 0.3)
+        out, alpha, grads = check_attention(q, k, v, src, dst, ef, dropout_p=0.3, generator=generator,
+                                            ref_kwargs={"keep": keep, "dropout_p": 0.3})
+        return (out, alpha) + grads
+
+    one_chunk = [run(), run()]
+    assert len(built) == 2  # one forward each, the backward taking what it kept
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
+    chunked = [run(), run()]
+    assert len(built) == 2
+    for first, second in (one_chunk, chunked):
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+    for a, b in zip(one_chunk[0], chunked[0]):
+        assert rel_error(a, b) <= PATHS_AGREE[dtype]
+
+
+def test_cpu_one_chunk_threads_and_ops_agree_bitwise():
+    """The one-chunk path gives the same bits with 1 and 2 threads, and through the operators
+    (whose backward recomputes what an eager forward keeps) as through the eager call."""
+    q, k, v, src, dst, ef = make_inputs(edge_feat=True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, ef)]
+    grad_out = rand_feat(q.shape, torch.float32, "cpu", gen(7))
+
+    def eager():
+        out = edgedot.graph_attention(*leaves[:3], src, dst, edge_feat=leaves[3])
+        return (out,) + torch.autograd.grad(out, leaves, grad_out)
+
+    def ops():
+        out = OP(*leaves, src, dst, None, None, None, None, q.shape[-1] ** -0.5, 0.0, None, False, True)[0]
+        return (out,) + torch.autograd.grad(out, leaves, grad_out)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = eager()
+        torch.set_num_threads(2)
+        runs = [eager(), ops()]
+    finally:
+        torch.set_num_threads(threads)
+    for run in runs:
+        for a, b in zip(one_thread, run):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("edge_feat", [False, True], ids=["noedge", "edge"])
 def test_cpu_large_chunks_match_reference(edge_feat):
     """A graph whose chunks take the sparse sums (9000 edges of 2 x 16): forward and gradients
@@ -531,7 +595,8 @@ class _ExtensionOnCPU:
         assert isinstance(generator, torch.Generator) and isinstance(scale, float)
         rng_state = dropout.draw_cpu(generator)
         key = dropout.key(*rng_state.tolist())
-        return cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention) + (rng_state,)
+        out = cpu_attention.forward(q, k, v, ef, self.src, self.dst, scale, p, key, return_attention)
+        return out[:3] + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
                            src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):

@@ -160,6 +160,57 @@ def test_cpu_large_chunks(kind):
         assert torch.equal(a, b)
 
 
+# Relative difference allowed between the one-chunk and the chunked CPU paths (two roundings).
+PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@kinds
+def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(kind, dtype, index_dtype, monkeypatch):
+    """A problem of one chunk keeps the forward's per-edge tensors for the backward (built once a
+    step); the same problem in chunks recomputes them. Both against float64, dropout included,
+    each the same bits on a second run, and the two paths within rounding of each other."""
+    feats, src, dst = kind.make(dtype=dtype, index_dtype=index_dtype, edge=True)
+    edges = getattr(cpu_gat, f"_{kind.name}_edges")
+    built = []
+    monkeypatch.setattr(cpu_gat, f"_{kind.name}_edges", lambda *a: built.append(1) or edges(*a))
+
+    def run():
+        generator = torch.Generator().manual_seed(3)
+        keep = dropout_keep(next_dropout_state("cpu", generator), src.shape[0], feats[0].shape[1], 0.3)
+        return check(kind, feats, src, dst, dropout_p=0.3, generator=generator,
+                     ref_kwargs={"keep": keep, "dropout_p": 0.3})
+
+    one_chunk = [run(), run()]
+    assert len(built) == 2  # one forward each, the backward taking what it kept
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
+    chunked = [run(), run()]
+    assert len(built) == 2
+    for first, second in (one_chunk, chunked):
+        for a, b in zip((first[0], first[1]) + first[2], (second[0], second[1]) + second[2]):
+            assert torch.equal(a, b)
+    for a, b in zip((one_chunk[0][0], one_chunk[0][1]) + one_chunk[0][2],
+                    (chunked[0][0], chunked[0][1]) + chunked[0][2]):
+        assert rel_error(a, b) <= PATHS_AGREE[dtype]
+
+
+@kinds
+def test_cpu_one_chunk_bound(kind, monkeypatch):
+    """Per-edge rows of at most CHUNK_ELEMENTS take the one-chunk path; one edge more, the chunks
+    (bounded memory)."""
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 300 * 3 * 16)
+    feats, src, dst = kind.make(edge=True)  # 300 edges, 3 heads of 16
+    edges = getattr(cpu_gat, f"_{kind.name}_edges")
+    built = []
+    monkeypatch.setattr(cpu_gat, f"_{kind.name}_edges", lambda *a: built.append(1) or edges(*a))
+    check(kind, feats, src, dst)
+    assert len(built) == 1
+    feats, src, dst = kind.make(num_edges=301, edge=True)
+    check(kind, feats, src, dst)
+    assert len(built) == 1
+
+
 @pytest.mark.parametrize("negative_slope", [0.0, 0.01, 0.7, -0.3, 2.5])
 @pytest.mark.parametrize("device", DEVICES)
 @kinds
@@ -277,7 +328,7 @@ def test_source_side_gradients_skipped(kind, device, monkeypatch):
     feats, src, dst = kind.make(device=device, edge=True)
     seen = []
     real = getattr(cpu_gat, kind.cpu_backward)
-    monkeypatch.setattr(cpu_gat, kind.cpu_backward, lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(cpu_gat, kind.cpu_backward, lambda *a, **kw: seen.append(a[-1]) or real(*a, **kw))
     grad_out = rand_feat((29, 3, 16), torch.float32, device, gen(5))
     dst_side = [1, 2, 3] if kind is GATV2 else [2, 3]
     leaves = _leaves(feats, requires_grad=False)
@@ -608,7 +659,7 @@ class _ExtensionOnCPU:
         self.calls.append(impl.__name__)
         rng_state = dropout.draw_cpu(generator)
         out = impl(a, b, c, edge, self.src, self.dst, slope, p, dropout.recorded_key(rng_state, p), return_attention)
-        return (*out, rng_state)
+        return (*out[:3], rng_state)
 
     def _backward(self, impl, grad_out, a, b, c, edge, out, lse, src, dst, dst_group, dst_offsets, src_group,
                   src_offsets, slope, p, rng_state, edge_grad, src_grad):

@@ -176,6 +176,11 @@ def assert_accurate(out, ref_lowp, ref64, dtype, what="output", condition=1.0):
     assert torch.isfinite(out).all(), f"{what}: non-finite values"
     err = rel_error(out, ref64)
     tol = tolerance(dtype, ref_lowp, ref64, condition)
+    if err > tol and rel_error(ref_lowp, ref64) > 1:
+        # Zero in exact arithmetic (PyTorch's own result is all rounding: a gradient whose terms
+        # cancel, as q's with a single key): rounding of the same size is right, which a relative
+        # bound cannot tell; the floor then bounds the absolute error, as close_or_zero does.
+        err, tol = torch.linalg.vector_norm((out - ref64).double()).item(), FLOORS[dtype] * condition
     assert err <= tol, f"{what}: relative error {err:.3e} > tolerance {tol:.3e} ({dtype_id(dtype)})"
 
 

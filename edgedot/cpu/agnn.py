@@ -51,7 +51,7 @@ def backward(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx):
             0.0, None):
         d_beta += (ds * dot).sum(0)  # per chunk, chunks in order: deterministic
         d_dot = ds * beta
-        if dead.any():
+        if dead is not None:
             d_dot = d_dot.masked_fill(dead, 0)  # ds is 0 there; 0 * an infinite beta would be NaN
         RowSums(dst).add(d_x_norm, d_dot[..., None] * rows_src)
         to_src = RowSums(src)

@@ -5,9 +5,15 @@ Forward in two passes over the edges: the maximum score of each (destination, he
 sum of ``exp(score - max)`` and the weighted values. The backward recomputes the scores from the
 saved log-sum-exp (FlashAttention's recomputation), so nothing of ``E x H`` is kept between
 passes.
+
+Problems whose per-edge rows fit one chunk (:func:`one_chunk`) take one pass each way instead:
+the forward keeps its per-edge tensors (:class:`EdgeSoftmax` and the op's own) for the backward,
+which an eager call hands over (``kept``); a backward without them recomputes them with the
+forward's own operations, so both give the same bits.
 """
 
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -18,6 +24,13 @@ CHUNK_ELEMENTS = 1 << 21
 # Scores ([E, H]) the forward keeps from its first pass for its second, rather than computing them
 # again, up to this many elements (the chunks bound the memory of larger graphs).
 KEPT_SCORE_ELEMENTS = 1 << 25
+
+
+def in_dtype(t, dtype):
+    """``t.to(dtype)``, without the call where ``t`` has that dtype already (a call that copies
+    nothing still costs about a microsecond, and small problems make a dozen)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
 
 def acc_dtype(dtype):
     """The accumulation dtype: float64 for float64, float32 for everything else."""
@@ -34,7 +47,7 @@ def _rows(idx, start, stop):
     # index_add_ adds int32-indexed rows in a serial loop, in edge order; with int64 it takes a
     # multi-threaded scatter path that measured 3x slower on one thread and up to 100x slower
     # on busy cores. Rows fit in int32 (checked by the caller).
-    return idx[start:stop].to(torch.int32)
+    return in_dtype(idx[start:stop], torch.int32)
 
 
 def keep_mask(key, start, stop, heads, p, device):
@@ -43,13 +56,24 @@ def keep_mask(key, start, stop, heads, p, device):
     return dropout.keep_mask(key, start * heads, (stop - start) * heads, p, device).reshape(stop - start, heads)
 
 
+def _dropped(t, mask, p):
+    """``t * mask / (1 - p)``: dropout without renormalisation, ``mask`` from :func:`keep_mask`
+    (None where ``p`` is 0 or at least 1, which need none)."""
+    if p == 0:
+        return t
+    if p >= 1:
+        return torch.zeros_like(t)
+    return t * mask / (1 - p)
+
+
+def _mask(key, start, stop, heads, p):
+    """The chunk's :func:`keep_mask` where dropout needs one (``0 < p < 1``), else None."""
+    return keep_mask(key, start, stop, heads, p, "cpu") if 0 < p < 1 else None
+
+
 def _kept(alpha, key, start, stop, p):
     """``alpha * keep / (1 - p)`` for the chunk: dropout without renormalisation."""
-    if p == 0:
-        return alpha
-    if p >= 1:
-        return torch.zeros_like(alpha)
-    return alpha * keep_mask(key, start, stop, alpha.shape[1], p, alpha.device) / (1 - p)
+    return _dropped(alpha, _mask(key, start, stop, alpha.shape[1], p), p)
 
 
 # index_add_ spends about the same time on a row whatever its width (it sets up an elementwise add
@@ -99,7 +123,7 @@ class RowSums:
         """``out.index_add_(0, idx, rows)`` for a contiguous ``out``, in edge order."""
         idx = self.idx
         count, num_rows = idx.shape[0], out.shape[0]
-        width = out[0].numel() if out.dim() > 1 and num_rows > 0 else 0
+        width = out.numel() // num_rows if out.dim() > 1 and num_rows > 0 else 0
         if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
             out.index_add_(0, idx, rows)
         elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
@@ -112,12 +136,102 @@ class RowSums:
 
 
 def _gather(table, idx, acc):
-    return table.index_select(0, idx).to(acc)
+    return in_dtype(table.index_select(0, idx), acc)
 
 
 def _keys(k, edge_feat, src, start, stop, acc):
     keys = _gather(k, src, acc)
-    return keys if edge_feat is None else keys + edge_feat[start:stop].to(acc)
+    return keys if edge_feat is None else keys + in_dtype(edge_feat[start:stop], acc)
+
+
+def _lse_and_divisor(top, total):
+    """The log-sum-exp of each (destination, head) from its maximum score and its sum of
+    ``exp(score - max)``, and the sum where positive, else 1 (what the weights are divided by)."""
+    # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
+    # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
+    return top + torch.log(total), torch.where(total > 0, total, torch.ones_like(total))
+
+
+def _score_grads(dp, delta, alpha):
+    """``(ds, dead)``: the scores' gradient ``alpha * (dp - delta)`` (``dp`` after dropout,
+    ``delta`` at each edge's destination), 0 on the edges of weight exactly 0, and those edges
+    (None where there is none)."""
+    ds = (dp - delta) * alpha
+    dead = alpha == 0
+    if dead.any():
+        return ds.masked_fill(dead, 0), dead
+    return ds, None
+
+
+def one_chunk(num_edges, heads, width):
+    """Whether per-edge rows ``[num_edges, heads, width]`` fit one chunk: the forward then keeps
+    its per-edge tensors for the backward (memory of a few such rows, as PyG's layers keep)."""
+    return num_edges * heads * width <= CHUNK_ELEMENTS
+
+
+class EdgeSoftmax(NamedTuple):
+    """The softmax over every edge at once (:func:`edge_softmax`), as the backward takes it."""
+    src: torch.Tensor  # the int32 rows of the edges
+    dst: torch.Tensor
+    alpha: torch.Tensor  # [E, H], in the accumulation dtype
+    dropped: torch.Tensor  # alpha after dropout
+    mask: Optional[torch.Tensor]  # the dropout mask, None where p is 0 or at least 1
+    dropout_p: float
+    to_dst: RowSums  # sums into the destinations' rows
+
+
+def edge_rows(idx):
+    """The rows of every edge, int32 (see :func:`_rows`)."""
+    return in_dtype(idx, torch.int32)
+
+
+def edge_softmax(scores, src, dst, dst_idx, num_dst, dropout_p, key):
+    """The softmax of ``scores`` ``[E, H]`` (accumulation dtype) over each destination's edges,
+    every edge at once: ``(lse [num_dst, H], EdgeSoftmax)``, ``src`` and ``dst`` the edges' int32
+    rows (:func:`edge_rows`), ``dst_idx`` the destination index as given. The operations of
+    :func:`softmax_forward`'s passes, so ``alpha`` has its bits."""
+    heads = scores.shape[1]
+    top = torch.full((num_dst, heads), float("-inf"), dtype=scores.dtype)
+    index = dst_idx if dst_idx.dtype == torch.int64 else dst.long()
+    top.scatter_reduce_(0, index[:, None].expand(-1, heads), scores, "amax")
+    weight = torch.exp(scores - top.index_select(0, dst))
+    to_dst = RowSums(dst)
+    total = torch.zeros((num_dst, heads), dtype=scores.dtype)
+    to_dst.add(total, weight)
+    # An edge's node has a total of at least 1 (its top edge adds exp(0)) or NaN (amax keeps NaN):
+    # dividing by it is dividing by softmax_forward's divisor, without the where.
+    alpha = weight.div_(total.index_select(0, dst))
+    lse = top + torch.log(total)
+    mask = _mask(key, 0, src.shape[0], heads, dropout_p)
+    return lse, EdgeSoftmax(src, dst, alpha, _dropped(alpha, mask, dropout_p), mask, dropout_p, to_dst)
+
+
+def weighted_sum(softmax, values, num_dst, dtype):
+    """``out`` ``[num_dst, H, Dv]`` in ``dtype``: each destination's sum of its edges' ``values``
+    ``[E, H, Dv]`` weighted by ``alpha`` after dropout."""
+    out = torch.zeros((num_dst,) + tuple(values.shape[1:]), dtype=values.dtype)
+    softmax.to_dst.add(out, softmax.dropped[..., None] * values)
+    return in_dtype(out, dtype)
+
+
+def returned_alpha(softmax, dtype, return_attention):
+    """The forward's ``alpha`` output: a copy in ``dtype`` (the backward keeps its own), or an
+    empty ``[0]`` tensor unless ``return_attention``."""
+    if not return_attention:
+        return torch.empty((0,), dtype=dtype)
+    return softmax.alpha.to(dtype, copy=True)
+
+
+def edge_softmax_grads(grad_out, out, softmax, values):
+    """The backward of :func:`edge_softmax` and :func:`weighted_sum` up to the scores: ``(ds,
+    dead, grads)`` as :func:`softmax_grads` yields them for a chunk."""
+    alpha = softmax.alpha
+    dout = in_dtype(grad_out, alpha.dtype)
+    grads = dout.index_select(0, softmax.dst)
+    dp = _dropped((grads * values).sum(-1), softmax.mask, softmax.dropout_p)
+    delta = (dout * in_dtype(out, alpha.dtype)).sum(-1)
+    ds, dead = _score_grads(dp, delta.index_select(0, softmax.dst), alpha)
+    return ds, dead, grads
 
 
 def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p, key, return_attention, dtype):
@@ -158,65 +272,88 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
             alpha[start:stop] = weight
         to_dst.add(weighted, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
 
-    # Nodes without incoming edges: total 0, lse = -inf + log(0) = -inf, output zeros. Nodes whose
-    # every score is -inf or NaN: top -inf or NaN, so total, lse and output are NaN.
-    lse = top + torch.log(total)
-    divisor = torch.where(total > 0, total, torch.ones_like(total))
-    out = (weighted / divisor[..., None]).to(dtype)
+    lse, divisor = _lse_and_divisor(top, total)
+    out = in_dtype(weighted / divisor[..., None], dtype)
     if alpha is None:
         return out, lse, torch.empty((0,), dtype=dtype)
     for start, stop in chunks:
         alpha[start:stop] /= divisor.index_select(0, _rows(dst_idx, start, stop))
-    return out, lse, alpha.to(dtype)
+    return out, lse, in_dtype(alpha, dtype)
 
 
 def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dropout_p, key):
     """The backward of :func:`softmax_forward` up to the scores, recomputed from ``lse``: yields
     per chunk of edges ``(start, stop, src, dst, ds, dead, kept, grads, extra)`` with ``ds`` the
     gradient of the chunk's scores (0 on edges of weight exactly 0, which add nothing even where a
-    value is infinite), ``dead`` those edges, ``kept`` the weights after dropout, ``grads`` =
+    value is infinite), ``dead`` those edges (None where there is none), ``kept`` the weights after dropout, ``grads`` =
     ``grad_out`` of each edge's destination; ``score(start, stop, src, dst)`` returns ``(scores,
     extra)``; ``width`` sizes the chunks as in :func:`softmax_forward`."""
     acc = lse.dtype
-    dout = grad_out.to(acc)
-    delta = (dout * out.to(acc)).sum(-1)
+    dout = in_dtype(grad_out, acc)
+    delta = (dout * in_dtype(out, acc)).sum(-1)
     for start, stop in _chunks(src_idx.shape[0], out.shape[1], width):
         src, dst = _rows(src_idx, start, stop), _rows(dst_idx, start, stop)
         scores, extra = score(start, stop, src, dst)
         alpha = torch.exp(scores - lse.index_select(0, dst))
         grads = dout.index_select(0, dst)
         dp = (grads * values(start, stop, src)).sum(-1)
-        # d score = alpha * (dp * keep / (1 - p) - delta).
-        ds = (_kept(dp, key, start, stop, dropout_p) - delta.index_select(0, dst)) * alpha
-        dead = alpha == 0
-        if dead.any():
-            ds = ds.masked_fill(dead, 0)
-        yield start, stop, src, dst, ds, dead, _kept(alpha, key, start, stop, dropout_p), grads, extra
+        mask = _mask(key, start, stop, alpha.shape[1], dropout_p)
+        ds, dead = _score_grads(_dropped(dp, mask, dropout_p), delta.index_select(0, dst), alpha)
+        yield start, stop, src, dst, ds, dead, _dropped(alpha, mask, dropout_p), grads, extra
+
+
+class AttentionEdges(NamedTuple):
+    """What a one-chunk forward keeps for its backward: the softmax and the gathered rows, in the
+    accumulation dtype."""
+    softmax: EdgeSoftmax
+    queries: torch.Tensor  # [E, H, D]: q of each edge's destination
+    keys: torch.Tensor  # k of its source, plus its edge features
+    values: torch.Tensor  # v of its source, plus its edge features
+
+
+def _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key):
+    """The one-chunk forward's ``(lse, AttentionEdges)``."""
+    acc = acc_dtype(q.dtype)
+    src, dst = edge_rows(src_idx), edge_rows(dst_idx)
+    queries, keys, values = _gather(q, dst, acc), _gather(k, src, acc), _gather(v, src, acc)
+    if edge_feat is not None:
+        feat = in_dtype(edge_feat, acc)
+        keys, values = keys + feat, values + feat
+    lse, softmax = edge_softmax(scale * (queries * keys).sum(-1), src, dst, dst_idx, q.shape[0], dropout_p, key)
+    return lse, AttentionEdges(softmax, queries, keys, values)
 
 
 def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_attention):
-    """``key``: the dropout mask's (:func:`edgedot.runtime.dropout.key`). Returns ``(out [Nd, H, Dv] in q's dtype, lse [Nd, H] in the accumulation dtype,
-    alpha [E, H] in q's dtype or an empty ``[0]`` tensor)``."""
+    """``key``: the dropout mask's (:func:`edgedot.runtime.dropout.key`). Returns ``(out [Nd, H,
+    Dv] in q's dtype, lse [Nd, H] in the accumulation dtype, alpha [E, H] in q's dtype or an empty
+    ``[0]`` tensor, kept)``: ``kept`` the :class:`AttentionEdges` of a one-chunk problem, for
+    :func:`backward`, else None."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape
+    if one_chunk(src_idx.shape[0], heads, max(dim, v.shape[-1])):
+        lse, kept = _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key)
+        out = weighted_sum(kept.softmax, kept.values, num_dst, q.dtype)
+        return out, lse, returned_alpha(kept.softmax, q.dtype, return_attention), kept
 
     def score(start, stop, src, dst):
         return scale * (_gather(q, dst, acc) * _keys(k, edge_feat, src, start, stop, acc)).sum(-1)
 
     return softmax_forward(score, _values(v, edge_feat, acc), src_idx, dst_idx, (num_dst, heads, v.shape[-1]),
-                           max(dim, v.shape[-1]), dropout_p, key, return_attention, q.dtype)
+                           max(dim, v.shape[-1]), dropout_p, key, return_attention, q.dtype) + (None,)
 
 
 def _values(v, edge_feat, acc):
     def values(start, stop, src):
         gathered = _gather(v, src, acc)
-        return gathered if edge_feat is None else gathered + edge_feat[start:stop].to(acc)
+        return gathered if edge_feat is None else gathered + in_dtype(edge_feat[start:stop], acc)
     return values
 
 
-def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, key, edge_feat_grad):
+def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, key, edge_feat_grad,
+             kept=None):
     """Returns ``(dq, dk, dv, d_edge_feat)`` in the inputs' dtype, ``d_edge_feat`` an empty
-    ``[0]`` tensor unless ``edge_feat_grad``."""
+    ``[0]`` tensor unless ``edge_feat_grad``; ``kept``: what :func:`forward` kept, if anything (a
+    one-chunk problem without it recomputes it)."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape
     num_src, dim_v = k.shape[0], v.shape[-1]
@@ -224,6 +361,15 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
     dq = torch.zeros((num_dst, heads, dim), dtype=acc)
     dk = torch.zeros((num_src, heads, dim), dtype=acc)
     dv = torch.zeros((num_src, heads, dim_v), dtype=acc)
+    if kept is None and one_chunk(num_edges, heads, max(dim, dim_v)):
+        kept = _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key)[1]
+    if kept is not None:
+        softmax = kept.softmax
+        ds, dead, grads = edge_softmax_grads(grad_out, out, softmax, kept.values)
+        d_keys, d_values = _add_grads(dq, dk, dv, softmax.to_dst, RowSums(softmax.src), scale * ds, dead,
+                                      kept.queries, kept.keys, softmax.dropped, grads)
+        d_edge_feat = in_dtype(d_keys + d_values, q.dtype) if edge_feat_grad else q.new_empty((0,))
+        return in_dtype(dq, q.dtype), in_dtype(dk, q.dtype), in_dtype(dv, q.dtype), d_edge_feat
     d_edge_feat = q.new_empty((num_edges, heads, dim) if edge_feat_grad else (0,))
 
     def score(start, stop, src, dst):
@@ -231,16 +377,23 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
         return scale * (queries * keys).sum(-1), (queries, keys)
 
     for start, stop, src, dst, ds, dead, kept, grads, (queries, keys) in softmax_grads(
-            grad_out, out, lse.to(acc), score, _values(v, edge_feat, acc), src_idx, dst_idx, max(dim, dim_v),
-            dropout_p, key):
-        ds = scale * ds
-        if dead.any():
-            keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN
-        RowSums(dst).add(dq, ds[..., None] * keys)
-        d_keys, d_values = ds[..., None] * queries, kept[..., None] * grads
-        to_src = RowSums(src)
-        to_src.add(dk, d_keys)
-        to_src.add(dv, d_values)
+            grad_out, out, in_dtype(lse, acc), score, _values(v, edge_feat, acc), src_idx, dst_idx,
+            max(dim, dim_v),            dropout_p, key):
+        d_keys, d_values = _add_grads(dq, dk, dv, RowSums(dst), RowSums(src), scale * ds, dead, queries, keys,
+                                      kept, grads)
         if edge_feat_grad:
             d_edge_feat[start:stop] = d_keys + d_values
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), d_edge_feat
+    return in_dtype(dq, q.dtype), in_dtype(dk, q.dtype), in_dtype(dv, q.dtype), d_edge_feat
+
+
+def _add_grads(dq, dk, dv, to_dst, to_src, ds, dead, queries, keys, dropped, grads):
+    """Adds a chunk's terms of ``dq``, ``dk``, ``dv`` (``ds``: its scores' gradient, scale
+    included; ``dead``: its edges of weight 0, or None); returns the keys' and values' per-edge
+    gradients."""
+    if dead is not None:
+        keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN
+    to_dst.add(dq, ds[..., None] * keys)
+    d_keys, d_values = ds[..., None] * queries, dropped[..., None] * grads
+    to_src.add(dk, d_keys)
+    to_src.add(dv, d_values)
+    return d_keys, d_values

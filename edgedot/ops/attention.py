@@ -359,17 +359,25 @@ def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention
     return out, lse, alpha, dropout.fake_state(like, dropout_p)
 
 
+def _forward_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                    scale, dropout_p, generator, return_attention, check_indices):
+    """The CPU forward, arguments checked: ``((out, lse, alpha, rng_state), kept)``, ``kept`` what
+    :func:`edgedot.cpu.attention.backward` may take instead of recomputing (or None)."""
+    # Always on the CPU (check_indices only spares CUDA a wait).
+    _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
+    rng_state, key = draw_cpu(q, dropout_p, generator)
+    out, lse, alpha, kept = cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
+                                                   return_attention)
+    return (out, lse, alpha, rng_state), kept
+
+
 @torch.library.impl(_lib, "graph_attention", "CPU")
 def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                  scale, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
-    # Always on the CPU (check_indices only spares CUDA a wait).
-    _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
-    rng_state, key = draw_cpu(q, dropout_p, generator)
-    out, lse, alpha = cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
-                                             return_attention)
-    return out, lse, alpha, rng_state
+    return _forward_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                           scale, dropout_p, generator, return_attention, check_indices)[0]
 
 
 @torch.library.impl(_lib, "graph_attention", "CUDA")
@@ -392,15 +400,22 @@ def _forward_fake(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, 
     return forward_fake(q, q.shape[0], v.shape[-1], src_idx.shape[0], dropout_p, return_attention)
 
 
+def _backward_on_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, rng_state,
+                     edge_feat_grad, kv_grad, kept=None):
+    """The CPU backward, arguments checked; ``kept``: what the forward kept, if anything."""
+    key = dropout.recorded_key(rng_state, dropout_p)
+    dq, dk, dv, d_edge_feat = cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
+                                                      dropout_p, key, edge_feat_grad, kept)
+    return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)
+
+
 @torch.library.impl(_lib, "graph_attention_backward", "CPU")
 def _backward_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                   src_offsets, scale, dropout_p, rng_state, edge_feat_grad, kv_grad):
     if not eager.arguments_checked():
         check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p)
-    key = dropout.recorded_key(rng_state, dropout_p)
-    dq, dk, dv, d_edge_feat = cpu_attention.backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale,
-                                                      dropout_p, key, edge_feat_grad)
-    return (dq, dk, dv, d_edge_feat) if kv_grad else (dq, k.new_empty(0), v.new_empty(0), d_edge_feat)
+    return _backward_on_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dropout_p, rng_state,
+                            edge_feat_grad, kv_grad)
 
 
 @torch.library.impl(_lib, "graph_attention_backward", "CUDA")
@@ -450,12 +465,20 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
     (q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
      rng_state) = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    dq, dk, dv, d_edge_feat = graph_attention_backward_op(
-        grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-        src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V]))
+    edge_feat_grad, kv_grad = bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V])
+    kept = eager.take_kept(ctx)
+    if kept is not None:
+        with torch.no_grad():  # as the op: no graph of the gradients, whatever create_graph says
+            dq, dk, dv, d_edge_feat = _backward_on_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx,
+                                                       ctx.score_arg, ctx.dropout_p, rng_state, edge_feat_grad,
+                                                       kv_grad, kept=kept)
+    else:
+        dq, dk, dv, d_edge_feat = graph_attention_backward_op(
+            grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+            src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, edge_feat_grad, kv_grad)
     return (dq if needs[_Q] else None, dk if needs[_K] else None, dv if needs[_V] else None,
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 
 
 _GraphAttentionFunction = eager.register_autograd(graph_attention_op, "GraphAttentionFunction", _backward,
-                                                  setup_context)
+                                                  setup_context, _forward_on_cpu)

@@ -295,16 +295,40 @@ def _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
 # ------------------------------------------------------------------------------ GAT
 
 
+def _backward_on_cpu(cpu_backward, grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, negative_slope,
+                     dropout_p, rng_state, edge_grad, src_grad, kept=None):
+    """A CPU backward (``cpu_backward``: :func:`edgedot.cpu.gat.gat_backward` or
+    ``gatv2_backward``), arguments checked; ``kept``: what the forward kept, if anything."""
+    return cpu_backward(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, negative_slope, dropout_p,
+                        dropout.recorded_key(rng_state, dropout_p), edge_grad, src_grad, kept=kept)
+
+
+def _forward_on_cpu(cpu_forward, feat, a, b, edge, src_idx, dst_idx, dst_group, dst_offsets, negative_slope,
+                    dropout_p, generator, return_attention, dst_rows):
+    """A CPU forward (``cpu_forward``: :func:`edgedot.cpu.gat.gat_forward` or ``gatv2_forward``),
+    arguments checked: ``((out, lse, alpha, rng_state), kept)``, ``kept`` what the CPU backward may
+    take instead of recomputing (or None); ``dst_rows`` has a row per destination."""
+    # Always on the CPU (check_indices spares CUDA a wait).
+    _check_edges(dst_rows, feat, src_idx, dst_idx, dst_group, dst_offsets)
+    rng_state, key = draw_cpu(feat, dropout_p, generator)
+    out, lse, alpha, kept = cpu_forward(feat, a, b, edge, src_idx, dst_idx, negative_slope, dropout_p, key,
+                                        return_attention)
+    return (out, lse, alpha, rng_state), kept
+
+
+def _gat_forward_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
+                        negative_slope, dropout_p, generator, return_attention, check_indices):
+    return _forward_on_cpu(cpu_gat.gat_forward, x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets,
+                           negative_slope, dropout_p, generator, return_attention, a_dst)
+
+
 @torch.library.impl(_lib, "gat_attention", "CPU")
 def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                      negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)  # always on the CPU (check_indices spares CUDA a wait)
-    rng_state, key = draw_cpu(x, dropout_p, generator)
-    out, lse, alpha = cpu_gat.gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key,
-                                           return_attention)
-    return out, lse, alpha, rng_state
+    return _gat_forward_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                               src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices)[0]
 
 
 @torch.library.impl(_lib, "gat_attention", "CUDA")
@@ -332,8 +356,8 @@ def _gat_backward_cpu(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_
                       src_group, src_offsets, negative_slope, dropout_p, rng_state, a_edge_grad, src_grad):
     if not eager.arguments_checked():
         _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p)
-    return cpu_gat.gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, negative_slope,
-                                 dropout_p, dropout.recorded_key(rng_state, dropout_p), a_edge_grad, src_grad)
+    return _backward_on_cpu(cpu_gat.gat_backward, grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx,
+                            negative_slope, dropout_p, rng_state, a_edge_grad, src_grad)
 
 
 @torch.library.impl(_lib, "gat_attention_backward", "CUDA")
@@ -361,16 +385,20 @@ def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
 # ------------------------------------------------------------------------------ GATv2
 
 
+def _gatv2_forward_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                          src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
+    return _forward_on_cpu(cpu_gat.gatv2_forward, x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group,
+                           dst_offsets, negative_slope, dropout_p, generator, return_attention, x_dst)
+
+
 @torch.library.impl(_lib, "gatv2_attention", "CPU")
 def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
-    rng_state, key = draw_cpu(x_src, dropout_p, generator)
-    out, lse, alpha = cpu_gat.gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
-                                             dropout_p, key, return_attention)
-    return out, lse, alpha, rng_state
+    return _gatv2_forward_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
+                                 src_offsets, negative_slope, dropout_p, generator, return_attention,
+                                 check_indices)[0]
 
 
 @torch.library.impl(_lib, "gatv2_attention", "CUDA")
@@ -397,9 +425,8 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
                         src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
     if not eager.arguments_checked():
         _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p)
-    return cpu_gat.gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx,
-                                   negative_slope, dropout_p, dropout.recorded_key(rng_state, dropout_p),
-                                   edge_feat_grad, src_grad)
+    return _backward_on_cpu(cpu_gat.gatv2_backward, grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx,
+                            dst_idx, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
 
 
 @torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
@@ -430,25 +457,36 @@ def _gatv2_backward_fake(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_i
 _NUM_INPUTS = 15
 
 
-def _make_backward(backward_op, source_inputs):
+def _make_backward(backward_op, cpu_backward, source_inputs):
     """The autograd formula of a forward op whose inputs ``source_inputs`` (positions) are the
-    source-side tensors."""
+    source-side tensors; ``cpu_backward`` (the name of the :mod:`edgedot.cpu.gat` function) takes
+    what an eager CPU forward kept."""
     def backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
         if grad_out is None:  # out's gradient is undefined: so are the inputs'
             return (None,) * _NUM_INPUTS
         (feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
          rng_state) = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                            src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, bool(needs[3]),
-                            any(needs[i] for i in source_inputs))
+        edge_grad, src_grad = bool(needs[3]), any(needs[i] for i in source_inputs)
+        kept = eager.take_kept(ctx)
+        if kept is not None:
+            with torch.no_grad():  # as the op: no graph of the gradients, whatever create_graph says
+                grads = _backward_on_cpu(getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge, out, lse,
+                                         src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad,
+                                         src_grad, kept)
+        else:
+            grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
+                                src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad)
         return tuple(g if need else None for g, need in zip(grads, needs[:4])) + (None,) * (_NUM_INPUTS - 4)
     return backward
 
 
 # The forward ops' autograd, and the autograd.Function each takes in eager calls.
 _EAGER_FUNCTIONS = {
-    op: eager.register_autograd(op, name, _make_backward(backward_op, source_inputs), setup_context)
-    for name, op, backward_op, source_inputs in (
-        ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, (0, 1)),
-        ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, (0,)))}
+    op: eager.register_autograd(op, name, _make_backward(backward_op, cpu_backward, source_inputs), setup_context,
+                                cpu_forward)
+    for name, op, backward_op, cpu_forward, cpu_backward, source_inputs in (
+        ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, _gat_forward_on_cpu,
+         "gat_backward", (0, 1)),
+        ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, _gatv2_forward_on_cpu,
+         "gatv2_backward", (0,)))}

@@ -358,25 +358,28 @@ def graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_ds
 
 
 def _flags_on_host(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
-    """:func:`graph_flags` by tensor operations (any device but CUDA), read back once."""
-    device = src_idx.device
-    no = torch.zeros((), dtype=torch.bool, device=device)
-    conditions = [_out_of_range(src_idx, num_src) if check_src else no,
-                  _out_of_range(dst_idx, num_dst) if check_dst else no]
+    """:func:`graph_flags` by tensor operations (any device but CUDA): each index's range read
+    back as two numbers (the fewest operations; a CPU call runs it every time)."""
+    flags = SRC_OUT_OF_RANGE if check_src and _out_of_range(src_idx, num_src) else 0
+    if check_dst and _out_of_range(dst_idx, num_dst):
+        flags |= DST_OUT_OF_RANGE
     if dst_ptr is not None:
         ptr = dst_ptr.to(torch.int64).contiguous()
         num_edges = dst_idx.shape[0]
-        conditions += [(ptr[0] != 0) | (ptr[-1] != num_edges), (ptr[1:] < ptr[:-1]).any(),
-                       (_rows_of_edges(ptr, num_edges) != dst_idx).any()]
-    bits = torch.stack(conditions).tolist()
-    return sum(1 << k for k, bit in enumerate(bits) if bit)
+        conditions = [(ptr[0] != 0) | (ptr[-1] != num_edges), (ptr[1:] < ptr[:-1]).any(),
+                      (_rows_of_edges(ptr, num_edges) != dst_idx).any()]
+        for flag, failed in zip((PTR_ENDS_WRONG, PTR_DECREASES, PTR_DISAGREES), torch.stack(conditions).tolist()):
+            if failed:
+                flags |= flag
+    return flags
 
 
 def _out_of_range(idx, num_rows):
+    """Whether an entry of ``idx`` lies outside ``[0, num_rows)``."""
     if idx.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=idx.device)
+        return False
     lo, hi = torch.aminmax(idx)
-    return (lo < 0) | (hi >= num_rows)
+    return lo.item() < 0 or hi.item() >= num_rows
 
 
 def _rows_of_edges(ptr, num_edges):

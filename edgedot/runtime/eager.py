@@ -9,6 +9,12 @@ gradients, the op is called below the Autograd dispatch keys (what the wrapper's
 after a Python detour of its own: about 12 us a call on a desktop CPU). Anything else calls the op
 as it is.
 
+On the CPU the eager ``autograd.Function`` calls the op's implementation itself (``cpu_forward``
+of :func:`register_autograd`), which returns, besides the op's outputs, what its backward may take
+instead of recomputing (the per-edge tensors of a small problem); the backward takes it once
+(:func:`take_kept`). A backward without it (the wrapper's, or a second one of a retained graph)
+recomputes it, with the same bits.
+
 Inside :func:`call` (after the public function has checked every argument) and inside the
 backward of its ``autograd.Function`` (whose inputs are a checked forward's), the implementations
 skip the argument checks they make when called as ``torch.ops``: :func:`arguments_checked`. The
@@ -39,14 +45,20 @@ def _checked(fn, *args):
         _state.checked = previous
 
 
-def register_autograd(op, name, backward, setup_context):
+def register_autograd(op, name, backward, setup_context, cpu_forward=None):
     """``torch.library.register_autograd(op, backward, setup_context=setup_context)``; returns the
-    ``autograd.Function`` (named ``name``) that :func:`call` takes for eager calls of ``op``."""
+    ``autograd.Function`` (named ``name``) that :func:`call` takes for eager calls of ``op``. With
+    ``cpu_forward`` (``cpu_forward(*args) -> (output, kept)``: the op's CPU implementation, which
+    also returns what its backward may take), CPU calls of the Function run it and leave ``kept``
+    to ``backward`` (:func:`take_kept`)."""
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
     def forward(ctx, *args):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = op(*args)
+        if cpu_forward is not None and args[0].device.type == "cpu":
+            output, ctx.kept = cpu_forward(*args)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                output = op(*args)
         setup_context(ctx, args, output)
         return output
 
@@ -55,6 +67,15 @@ def register_autograd(op, name, backward, setup_context):
 
     return type(name, (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
+
+
+def take_kept(ctx):
+    """What the forward of :func:`register_autograd`'s Function kept for this backward, or None
+    (none kept, taken already, or the wrapper's context); the context lets go of it, so that the
+    memory is freed with the backward's."""
+    kept = getattr(ctx, "kept", None)
+    ctx.kept = None
+    return kept
 
 
 def call(op, function, *args):
