@@ -8,8 +8,9 @@ import edgedot
 from edgedot.cpu import attention as cpu_attention
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
-                   raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
+                   dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
+                   requires_cuda, skewed_index)
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -372,10 +373,6 @@ def test_row_sums_in_edge_order(width, count, num_rows, dtype):
     assert torch.equal(runs[0][-1], start[-1])
 
 
-# Relative difference allowed between the one-chunk and the chunked CPU paths (two roundings).
-PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-
-
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(dtype, index_dtype, monkeypatch):
@@ -396,16 +393,8 @@ def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(dtype, index_dtype, mon
                                             ref_kwargs={"keep": keep, "dropout_p": 0.3})
         return (out, alpha) + grads
 
-    one_chunk = [run(), run()]
-    assert len(built) == 2  # one forward each, the backward taking what it kept
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
-    chunked = [run(), run()]
-    assert len(built) == 2
-    for first, second in (one_chunk, chunked):
-        for a, b in zip(first, second):
-            assert torch.equal(a, b)
-    for a, b in zip(one_chunk[0], chunked[0]):
-        assert rel_error(a, b) <= PATHS_AGREE[dtype]
+    assert_one_chunk_path_kept(run, built, lambda n: monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", n),
+                               PATHS_AGREE[dtype])
 
 
 def test_cpu_one_chunk_threads_and_ops_agree_bitwise():

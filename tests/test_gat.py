@@ -13,8 +13,9 @@ from edgedot.ops import attention as attention_ops
 from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
-                   raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
+                   dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
+                   requires_cuda, skewed_index)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -160,10 +161,6 @@ def test_cpu_large_chunks(kind):
         assert torch.equal(a, b)
 
 
-# Relative difference allowed between the one-chunk and the chunked CPU paths (two roundings).
-PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-
-
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @kinds
@@ -179,20 +176,12 @@ def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(kind, dtype, index_dtyp
     def run():
         generator = torch.Generator().manual_seed(3)
         keep = dropout_keep(next_dropout_state("cpu", generator), src.shape[0], feats[0].shape[1], 0.3)
-        return check(kind, feats, src, dst, dropout_p=0.3, generator=generator,
-                     ref_kwargs={"keep": keep, "dropout_p": 0.3})
+        out, alpha, grads = check(kind, feats, src, dst, dropout_p=0.3, generator=generator,
+                                  ref_kwargs={"keep": keep, "dropout_p": 0.3})
+        return (out, alpha) + grads
 
-    one_chunk = [run(), run()]
-    assert len(built) == 2  # one forward each, the backward taking what it kept
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
-    chunked = [run(), run()]
-    assert len(built) == 2
-    for first, second in (one_chunk, chunked):
-        for a, b in zip((first[0], first[1]) + first[2], (second[0], second[1]) + second[2]):
-            assert torch.equal(a, b)
-    for a, b in zip((one_chunk[0][0], one_chunk[0][1]) + one_chunk[0][2],
-                    (chunked[0][0], chunked[0][1]) + chunked[0][2]):
-        assert rel_error(a, b) <= PATHS_AGREE[dtype]
+    assert_one_chunk_path_kept(run, built, lambda n: monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", n),
+                               PATHS_AGREE[dtype])
 
 
 @kinds

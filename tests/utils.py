@@ -256,3 +256,26 @@ def fill_cuda_cache_with_nan(device="cuda"):
     poison = [torch.full((n // 4,), float("nan"), dtype=torch.float32, device=device) for n in sizes]
     torch.cuda.synchronize(device)
     del poison  # the blocks go back to the cache, still full of NaN
+
+
+# Relative difference allowed between the CPU's one-chunk and chunked paths (two roundings).
+PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def assert_one_chunk_path_kept(run, built, set_chunk_elements, tolerance):
+    """``run()`` (a flat tuple of tensors: outputs and gradients) twice on the CPU's one-chunk
+    path, which builds its per-edge tensors once a step (``built`` counts the builds: the
+    backward takes what its forward kept), then twice in chunks after
+    ``set_chunk_elements(1024)``: each path the same bits on its second run, the two paths
+    within ``tolerance`` of each other (relative error)."""
+    one_chunk = [run(), run()]
+    assert len(built) == 2  # one forward each
+    set_chunk_elements(1024)
+    chunked = [run(), run()]
+    assert len(built) == 2  # the chunked path builds nothing to keep
+    for first, second in (one_chunk, chunked):
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+    for a, b in zip(one_chunk[0], chunked[0]):
+        assert rel_error(a, b) <= tolerance
+
