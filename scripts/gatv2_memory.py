@@ -3,7 +3,10 @@ extra memory of :func:`edgedot.gatv2_attention` (edges given grouped by ``dst_pt
 benchmark calls it) and of ``edgedot.nn.GATv2Conv`` (projections included, on a ``[2, E]`` tensor,
 ``add_self_loops=False``): the evidence behind the README's memory table, without the peers.
 
-    python scripts/gatv2_memory.py [--nodes 2449029] [--edges 123718280] [--reps 3]
+    python scripts/gatv2_memory.py [--nodes 2449029] [--edges 123718280] [--reps 3] [--memory-gb G]
+
+``--memory-gb`` caps what the caching allocator may hold (``set_per_process_memory_fraction``): below
+what the backward's per-edge records need, it recomputes instead (its peak then shows it).
 
 Uniform random edges, bfloat16, 4 heads of 32, 128 input features. Peak extra memory: the caching
 allocator's peak during one forward + backward above what was allocated before it. Times: medians
@@ -46,8 +49,12 @@ def main():
     parser.add_argument("--nodes", type=int, default=2_449_029)
     parser.add_argument("--edges", type=int, default=123_718_280)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--memory-gb", type=float, help="cap on the memory this process may allocate")
     args = parser.parse_args()
     dtype, device = torch.bfloat16, "cuda"
+    if args.memory_gb:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 1e9 / total))
     gen = torch.Generator(device).manual_seed(0)
     src = torch.randint(args.nodes, (args.edges,), generator=gen, device=device)
     dst = torch.randint(args.nodes, (args.edges,), generator=gen, device=device)

@@ -670,7 +670,8 @@ class _ExtensionOnCPU:
         return self._backward(cpu_gat.gat_backward, *args)
 
     def gatv2_backward(self, *args):
-        return self._backward(cpu_gat.gatv2_backward, *args)
+        assert args[-1] is True  # the records, where they fit
+        return self._backward(cpu_gat.gatv2_backward, *args[:-1])
 
 
 @pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
@@ -1016,6 +1017,36 @@ def test_cuda_hub_million_edges(kind):
     src[: 300_000] = 4
     fill_cuda_cache_with_nan()
     check(kind, feats, src, dst)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", ["plain", "edge_feat", "dropout", "hub", "dst_ptr"])
+def test_cuda_gatv2_records_give_the_recomputed_gradients(case, dtype, monkeypatch):
+    """GATv2's source pass from the destination pass's records gives the gradients of the source
+    pass that recomputes them, bit for bit (whether the records fit in memory must not change a
+    result): edge features, dropout, a hub whose rows are split into chunks, edges given grouped."""
+    hub = case == "hub"
+    feats, src, dst = GATV2.make(num_src=300, num_dst=200, num_edges=40_000 if hub else 3_000, heads=4, dim=32,
+                                 dtype=dtype, device="cuda", edge=case == "edge_feat")
+    if hub:
+        dst[: 30_000] = 7
+    kwargs = {}
+    if case == "dst_ptr":
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+        kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(feats[1].shape[0] + 1, device="cuda"))
+    grad_out = rand_feat((feats[1].shape[0], 4, 32), dtype, "cuda", gen(5))
+    results = []
+    for records in (True, False):
+        monkeypatch.setattr(gat_ops, "GATV2_RECORDS", records)
+        leaves = _leaves(feats)
+        if case == "dropout":
+            kwargs["generator"] = torch.Generator("cuda").manual_seed(11)
+        out = GATV2.call(GATV2.fn, leaves, src, dst, dropout_p=0.3 if case == "dropout" else 0.0, **kwargs)
+        results.append((out,) + torch.autograd.grad(out, _present(leaves), grad_out))
+    for with_records, recomputed in zip(*results):
+        assert torch.equal(with_records, recomputed)
 
 
 @requires_cuda

@@ -429,6 +429,12 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
                             dst_idx, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
 
 
+# Whether GATv2's CUDA backward keeps each edge's alpha, ds and signs of m between its passes (where
+# they fit in memory; 12 bytes per edge and head at bf16 x 32): its source pass then gathers no
+# x_dst rows. Off, it recomputes them, with the same gradients; the tests compare the two.
+GATV2_RECORDS = True
+
+
 @torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
 def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                          src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
@@ -438,7 +444,8 @@ def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_i
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x_src.shape[0], x_dst.shape[0], src_grad)
     return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),
                                         dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                        negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
+                                        negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad,
+                                        GATV2_RECORDS)
 
 
 @torch.library.register_fake("edgedot::gatv2_attention_backward")

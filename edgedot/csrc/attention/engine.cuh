@@ -274,10 +274,11 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     value_dot(grad_out row, j, t), zero_grads, add_grads(j, ds, alpha', grad_out row, t),
 //     store_grads;
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
-//   kSrcFromRecords: whether the src pass reads each (edge, head)'s alpha and ds from the dst pass
-//     (records(args), EdgeRecord<A>*, null when no src pass follows) instead of recomputing them;
-//     then Dst::store_src_state(args, edge * heads + h, j, t) writes whatever else the src pass
-//     needs of edge j, and Src::load takes the BackwardArgs and needs no score or value_dot.
+//   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
+//     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
+//     memory: then Src recomputes them) instead of recomputing them; Dst::store_src_state(args,
+//     edge * heads + h, j, t) writes whatever else the src pass needs of edge j, and
+//     SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
 
@@ -302,8 +303,20 @@ constexpr int kEdgeBatch =
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
 // A src pass from records holds no score rows: the light budget.
-template <class Score, typename T, int NV, bool kEdge>
-constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::kSrcFromRecords>;
+template <class Score, typename T, int NV, bool kEdge, bool kRecords>
+constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !kRecords>;
+
+// The src pass's side of a policy: Src, or SrcFromRecords when it reads the dst pass's records.
+template <class Score, bool kRecords>
+struct SrcSide {
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  using type = typename Score::template Src<T, VEC, NV, kEdge, B>;
+};
+template <class Score>
+struct SrcSide<Score, true> {
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  using type = typename Score::template SrcFromRecords<T, VEC, NV, kEdge, B>;
+};
 
 // One team of lanes per (destination, head) unit (for_each_unit) walks the destination's edges with
 // an online softmax; no per-edge row ever reaches memory. The softmax state (m, l) is the same bits
@@ -508,14 +521,15 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
 // The backward's source pass, reading the dst pass's delta: a team per (s, h) unit walks the
 // source's outgoing edges, each destination's grad_out row, lse and delta in flight, and writes the
 // source's gradients without atomics. A chunk of a long row writes its partial gradients to its slot.
-// A policy with kSrcFromRecords reads each edge's alpha and ds (and its own per-edge state) from
-// the dst pass instead: grad_out rows and records in flight, no score recomputed.
-template <class Score, typename T, int VEC, int NV, bool kEdge>
-__global__ void __launch_bounds__(kBlockThreads, kSrcBlocksPerSM<Score, T, NV, kEdge>)
+// With kRecords (a policy with kSrcFromRecords, whose records fitted in memory) it reads each
+// edge's alpha and ds (and the policy's own per-edge state) from the dst pass instead: grad_out
+// rows and records in flight, no score recomputed.
+template <class Score, typename T, int VEC, int NV, bool kEdge, bool kRecords>
+__global__ void __launch_bounds__(kBlockThreads, kSrcBlocksPerSM<Score, T, NV, kEdge, kRecords>)
 attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   using A = accum_t<T>;
   constexpr int B = Score::template kSrcBatch<T, NV, kEdge>;
-  using Src = typename Score::template Src<T, VEC, NV, kEdge, B>;
+  using Src = typename SrcSide<Score, kRecords>::template type<T, VEC, NV, kEdge, B>;
   const auto& in = a.in;
   const Team t(group);
   const int vvec = static_cast<int>(Score::dim_v(in) / VEC);
@@ -531,7 +545,7 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
     if (w.begin < w.end) side.begin(in, t, s, h);  // a source without edges: zero gradients
     side.zero_grads();
     RawRow<T, VEC, NV> gr[B];
-    if constexpr (Score::kSrcFromRecords) {
+    if constexpr (kRecords) {
       const EdgeRecord<A>* records = Score::template records<A>(a);
       EdgeRecord<A> rec[B];
       walk_edges<B>(
@@ -668,11 +682,20 @@ void launch_backward_src(const typename Score::BackwardArgs& a, ScalarKind scala
     using T = decltype(zero);
     const auto& in = a.in;
     dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
-      auto kernel =
-          attention_backward_src_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
       const int64_t threads = (Score::num_src(in) + a.src_chunks.max_slots) * in.heads * group;
       if (threads == 0) return;
-      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+      auto run = [&](auto records) {
+        auto kernel = attention_backward_src_kernel<Score, T, decltype(v)::value, decltype(nv)::value,
+                                                    decltype(edge)::value, decltype(records)::value>;
+        kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+      };
+      bool records = false;
+      if constexpr (Score::kSrcFromRecords) records = Score::template records<accum_t<T>>(a) != nullptr;
+      if (records) {
+        if constexpr (Score::kSrcFromRecords) run(std::true_type{});
+      } else {
+        run(std::false_type{});
+      }
     });
     if (a.src_chunks.first_chunk != nullptr) Score::template merge_src<T>(a, stream);
   });

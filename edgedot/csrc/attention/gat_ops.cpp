@@ -139,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_group,
     const at::Tensor& dst_offsets, const c10::optional<at::Tensor>& src_group,
     const c10::optional<at::Tensor>& src_offsets, double dropout_p, const c10::optional<at::Tensor>& rng_state,
-    bool edge_grad_wanted, bool src_grad) {
+    bool edge_grad_wanted, bool src_grad, bool records) {
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, x);
   TORCH_CHECK_VALUE(!src_grad || (src_group.has_value() && src_offsets.has_value()),
                     "edgedot: src_grad needs src_group and src_offsets");
@@ -191,10 +191,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   args.part_dx = parts[2];
   args.part_da_src = parts[3];
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t state_bytes = gat_src_state_bytes(args, scalar);
+  const int64_t state_bytes = records ? gat_src_state_bytes(args, scalar) : 0;
   at::Tensor src_state;
   if (state_bytes > 0) {
-    src_state = at::empty({state_bytes}, options.dtype(at::kByte));
+    // The records speed the src pass up but need not fit: without them it recomputes what they hold
+    // (the same gradients, bit for bit).
+    try {
+      src_state = at::empty({state_bytes}, options.dtype(at::kByte));
+    } catch (const c10::OutOfMemoryError&) {
+    }
+  }
+  if (src_state.defined()) {
     args.src_state = src_state.data_ptr();
     // Edges given grouped: an invalid pointer may leave edges unvisited by the dst pass; their
     // records read NaN (all bits set), as the recomputing pass would give.
@@ -257,24 +264,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
   const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!a_edge_grad || a_edge.has_value(), "edgedot: a_edge_grad needs a_edge");
   const auto grads = gat_backward_run(in, x, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad);
+                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad, false);
   return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
 }
 
 // GATv2's gradients: (dx_src, dx_dst, datt, d_edge_feat) in x_src's dtype; d_edge_feat is an empty
 // [0] tensor without edge_feat_grad, dx_src without src_grad. With dropout, rng_state is the forward's.
+// records: the dst pass hands the src pass each edge's alpha, ds and signs of m where they fit in
+// memory (else, and without records, the src pass recomputes them; the same gradients).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     at::Tensor grad_out, at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad,
-    bool src_grad) {
+    bool src_grad, bool records) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x_src.device());
   const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
   const auto grads = gat_backward_run(in, x_src, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
-                                      src_group, src_offsets, dropout_p, rng_state, edge_feat_grad, src_grad);
+                                      src_group, src_offsets, dropout_p, rng_state, edge_feat_grad, src_grad,
+                                      records);
   return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads), std::get<4>(grads)};
 }
 

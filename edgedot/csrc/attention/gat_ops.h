@@ -30,7 +30,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad,
-    bool src_grad);
+    bool src_grad, bool records);
 
 // GAT's per-node logits <x[n, h], att[k, h]> for x [N, H, C] and att [H, C] (giving [N, H]) or
 // [2, H, C] (both sides of a layer over the same x, giving [2, N, H]), in the promoted dtype; and

@@ -252,9 +252,9 @@ struct Gatv2Score : GatFamily {
   // x_dst and att rows besides the output row: the register budget of per-edge rows.
   template <bool kEdge>
   static constexpr bool kHeavy = true;
-  // The src pass would gather x_dst (and edge_feat) rows again for m; the dst pass records alpha,
-  // ds and the signs of m instead (a bit per element, a byte per vector), so it gathers only
-  // grad_out rows and recomputes nothing.
+  // The src pass would gather x_dst (and edge_feat) rows again for m; where memory allows, the dst
+  // pass records alpha, ds and the signs of m instead (a bit per element, a byte per vector), and
+  // the src pass (SrcFromRecords) gathers only grad_out rows and recomputes nothing.
   static constexpr bool kSrcFromRecords = true;
   template <typename A>
   __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
@@ -365,44 +365,33 @@ struct Gatv2Score : GatFamily {
     }
   };
 
-  // The src pass from the dst pass's records: dx += alpha' * grad_out + ds * att * leaky_relu'(m),
-  // leaky_relu'(m) from the recorded signs.
-  template <typename T, int VEC, int NV, bool kEdge, int B>
-  struct Src {
+  // What both src passes hold and write: att and the source's dx, which they add to as
+  // dx += alpha' * grad_out + ds * att * leaky_relu'(m), with whether m > 0 for element (u, c)
+  // from positive(u, c).
+  template <typename T, int VEC, int NV>
+  struct SrcGrads {
     using A = accum_t<T>;
     const int vecs;
     const A slope;
     LaneRow<T, VEC, NV> att, dx;
-    uint8_t positive[B][NV];
 
-    __device__ __forceinline__ explicit Src(const Inputs& in)
+    __device__ __forceinline__ explicit SrcGrads(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t, int64_t h) {
       load_widened(att, row_head<T>(in.att, 0, h), t, vecs);
     }
-    __device__ __forceinline__ void load(const BackwardArgs& a, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
-      const uint8_t* all = signs<A>(a);
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const uint8_t* row = all + (int64_t{e[j].edge} * a.in.heads + h) * vecs;
-#pragma unroll
-        for (int u = 0; u < NV; ++u) {
-          const int v = t.lane + u * t.group;
-          positive[j][u] = e[j].other >= 0 && v < vecs ? __ldg(row + v) : 0;
-        }
-      }
-    }
     __device__ __forceinline__ void zero_grads() { dx.zero(); }
-    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
-                                              const Team& t) {
+    template <typename Positive>
+    __device__ __forceinline__ void add_dx(A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr, const Team& t,
+                                           Positive&& positive) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
         if (!lane_has<NV>(t, vecs, u)) continue;
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
           A d = fma_accum(alpha_keep, gr.at(u, c), dx.x[u][c]);
-          d += gatv2_dm_of_sign(ds, att.at(u, c), ((positive[j][u] >> c) & 1u) != 0, slope);
+          d += gatv2_dm_of_sign(ds, att.at(u, c), positive(u, c), slope);
           dx.x[u][c] = d;
         }
       }
@@ -410,6 +399,69 @@ struct Gatv2Score : GatFamily {
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
       store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+    }
+  };
+
+  // The src pass by recomputation, where the records did not fit in memory: each edge's x_dst (and
+  // edge_feat) row gathered again for its score and m.
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src : SrcGrads<T, VEC, NV> {
+    using A = accum_t<T>;
+    using Base = SrcGrads<T, VEC, NV>;
+    RawRow<T, VEC, NV> xs;
+    RawRow<T, VEC, NV> xdr[B], er[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      xs.load(row_head<T>(in.x, s, h), t, this->vecs);
+      Base::begin(in, t, s, h);
+    }
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const bool ok = e[j].other >= 0;
+        xdr[j].load(ok ? row_head<T>(in.x_dst, e[j].other, h) : nullptr, t, this->vecs);
+        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, this->vecs);
+      }
+    }
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return t.sum(gatv2_lane_score(this->att, xs, xdr[j], er[j], kEdge, this->slope, t, this->vecs));
+    }
+    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
+      return lane_dot(gr, xs, xs, false, t, this->vecs);
+    }
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
+                                              const Team& t) {
+      this->add_dx(ds, alpha_keep, gr, t,
+                   [&](int u, int c) { return gatv2_m<A>(xs, xdr[j], er[j], kEdge, u, c) > A(0); });
+    }
+  };
+
+  // The src pass from the dst pass's records: leaky_relu'(m) from the recorded signs.
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct SrcFromRecords : SrcGrads<T, VEC, NV> {
+    using A = accum_t<T>;
+    using Base = SrcGrads<T, VEC, NV>;
+    uint8_t positive[B][NV];
+
+    __device__ __forceinline__ explicit SrcFromRecords(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void load(const BackwardArgs& a, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+      const uint8_t* all = signs<A>(a);
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        const uint8_t* row = all + (int64_t{e[j].edge} * a.in.heads + h) * this->vecs;
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+          const int v = t.lane + u * t.group;
+          positive[j][u] = e[j].other >= 0 && v < this->vecs ? __ldg(row + v) : 0;
+        }
+      }
+    }
+    __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
+                                              const Team& t) {
+      this->add_dx(ds, alpha_keep, gr, t, [&](int u, int c) { return ((positive[j][u] >> c) & 1u) != 0; });
     }
   };
 
