@@ -44,6 +44,16 @@ def measure(step, reps):
     return statistics.median(times), peak
 
 
+def report(name, step, reps):
+    """Prints ``measure(step, reps)``, or that the step ran out of the memory allowed."""
+    try:
+        ms, peak = measure(step, reps)
+        print(f"{name:32s} {ms:9.1f} ms  peak extra {peak:6.2f} GB", flush=True)
+    except torch.OutOfMemoryError:
+        print(f"{name:32s} out of memory", flush=True)
+    torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2_449_029)
@@ -75,8 +85,7 @@ def main():
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bfloat16, {args.nodes} nodes, "
           f"{args.edges} edges, {HEADS} heads x {DIM}; forward + backward")
-    ms, peak = measure(op_step, args.reps)
-    print(f"gatv2_attention (dst_ptr)        {ms:9.1f} ms  peak extra {peak:6.2f} GB", flush=True)
+    report("gatv2_attention (dst_ptr)", op_step, args.reps)
     del src_sorted, dst_sorted, ptr
     x = torch.randn(args.nodes, FEATURES, generator=gen, device=device, dtype=dtype)
     edge_index = torch.stack([src, dst])
@@ -88,8 +97,7 @@ def main():
         layer(x, edge_index).backward(layer_grad)
         layer.zero_grad(set_to_none=True)
 
-    ms, peak = measure(layer_step, args.reps)
-    print(f"GATv2Conv ([2, E] tensor)        {ms:9.1f} ms  peak extra {peak:6.2f} GB", flush=True)
+    report("GATv2Conv ([2, E] tensor)", layer_step, args.reps)
 
 
 if __name__ == "__main__":
