@@ -86,7 +86,7 @@ def main():
             q, k, v, None, src, dst, dst_group, dst_offsets, scale, 0.0, None, False),
         "ext.attention_backward (two schedules)": lambda: ext.attention_backward(
             grad, q, k, v, None, out, lse, src, dst, dst_group, dst_offsets, src_group, src_offsets, scale, 0.0,
-            None, False, True),
+            None, False, True, True),
         "graph_attention forward, no grad": lambda: edgedot.graph_attention(q, k, v, src.clone(), dst.clone()),
         "graph_attention forward with grad (no backward)": lambda: edgedot.graph_attention(
             qg, kg, vg, src.clone(), dst.clone()),

@@ -99,7 +99,7 @@ def attention_calls(q, k, v, ef, src, dst, p, return_attention, grouped=False):
     out, lse, alpha, rng_state = ext.attention_forward(q, k, v, ef, src, dst, groups[0], groups[1], 0.3, p, None,
                                                        return_attention)
     ext.attention_backward(torch.randn_like(out), q, k, v, ef, out, lse, src, dst, *groups, 0.3, p, rng_state,
-                           ef is not None, True)
+                           ef is not None, True, True)
 
 
 # Graph attention: every dtype; 16-byte rows with 1, 2 or 4 vectors per lane and single-element rows

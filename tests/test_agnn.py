@@ -12,8 +12,8 @@ from edgedot.cpu import agnn as cpu_agnn
 from edgedot.cpu import attention as cpu_attention
 from edgedot.ops import agnn as agnn_ops
 from edgedot.ops import attention as attention_ops
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, dtype_id, fill_cuda_cache_with_nan, gen,
-                   raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, assert_records_change_nothing, dtype_id,
+                   fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
 
 OP = torch.ops.edgedot.agnn_attention.default
 BACKWARD_OP = torch.ops.edgedot.agnn_attention_backward.default
@@ -301,7 +301,8 @@ class _ExtensionOnCPU:
         return cpu_agnn.forward(x_norm, x, beta, src, dst, return_attention)
 
     def agnn_backward(self, grad_out, x_norm, x, beta, out, lse, src, dst, dst_group, dst_offsets, src_group,
-                      src_offsets):
+                      src_offsets, records):
+        assert records is True  # the records, where they fit
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
         self.calls.append("backward")
@@ -411,6 +412,24 @@ def test_cuda_matches_cpu_and_repeats(dtype, heads):
         assert torch.equal(a, b), f"{name}: CUDA calls differ"
         assert torch.isfinite(a).all(), name
         assert rel_error(a, c) <= tol, f"{name}: CUDA vs CPU {rel_error(a, c):.3e}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_cuda_records_give_the_recomputed_gradients(dtype, monkeypatch):
+    """The source pass from the destination pass's records gives the gradients of the source pass
+    that recomputes them, bit for bit, per-head betas and a chunked hub included."""
+    x, beta, src, dst = make(num_nodes=900, num_edges=14_000, heads=4, dim=32, dtype=dtype, device="cuda")
+    dst = dst.clone()
+    dst[:10_000] = 11
+    grad_out = rand_feat(x.shape, dtype, "cuda", gen(7))
+
+    def run():
+        leaves = [x.detach().requires_grad_(), beta.float().requires_grad_()]
+        out = edgedot.agnn_attention(*leaves, src, dst)
+        return (out,) + torch.autograd.grad(out, leaves, grad_out)
+
+    assert_records_change_nothing(run, monkeypatch)
 
 
 @requires_cuda

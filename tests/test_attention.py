@@ -9,7 +9,7 @@ from edgedot.cpu import attention as cpu_attention
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
+                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
                    requires_cuda, skewed_index)
 
 OP = torch.ops.edgedot.graph_attention.default
@@ -588,8 +588,9 @@ class _ExtensionOnCPU:
         return out[:3] + (rng_state,)
 
     def attention_backward(self, grad_out, q, k, v, ef, out, lse, src, dst, dst_group, dst_offsets, src_group,
-                           src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad):
+                           src_offsets, scale, p, rng_state, edge_feat_grad, kv_grad, records):
         assert torch.equal(src, self.src) and torch.equal(dst, self.dst) and kv_grad
+        assert records is True  # the records, where they fit
         self._check("dst", dst_group, dst_offsets)
         self._check("src", src_group, src_offsets)
         key = dropout.key(*rng_state.tolist())
@@ -734,6 +735,36 @@ def test_cuda_matches_cpu(dtype, edge_feat, monkeypatch):
         assert torch.equal(a, b), f"{name}: CUDA calls differ"
         assert torch.isfinite(a).all(), name
         assert rel_error(a, c) <= tol, f"{name}: CUDA vs CPU {rel_error(a, c):.3e}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", ["plain", "edge_feat", "dropout", "hub", "dst_ptr", "dim_v"])
+def test_cuda_records_give_the_recomputed_gradients(case, dtype, monkeypatch):
+    """The source pass from the destination pass's records (alpha and ds) gives the gradients of
+    the source pass that recomputes them, bit for bit: edge features, dropout, a hub whose rows are
+    split into chunks, edges given grouped, values of another width."""
+    hub = case == "hub"
+    q, k, v, src, dst, ef = make_inputs(num_src=300, num_dst=200, num_edges=40_000 if hub else 3_000, heads=4, dim=32,
+                                        dim_v=16 if case == "dim_v" else None, dtype=dtype, device="cuda",
+                                        edge_feat=case == "edge_feat")
+    if hub:
+        dst[: 30_000] = 7
+    kwargs = {}
+    if case == "dst_ptr":
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+        kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(q.shape[0] + 1, device="cuda"))
+    grad_out = rand_feat((q.shape[0], 4, v.shape[2]), dtype, "cuda", gen(5))
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v) + ((ef,) if ef is not None else ())]
+        if case == "dropout":
+            kwargs.update(dropout_p=0.3, generator=torch.Generator("cuda").manual_seed(11))
+        out = edgedot.graph_attention(*leaves[:3], src, dst, edge_feat=leaves[3] if ef is not None else None, **kwargs)
+        return (out,) + torch.autograd.grad(out, leaves, grad_out)
+
+    assert_records_change_nothing(run, monkeypatch)
 
 
 @requires_cuda

@@ -133,7 +133,7 @@ def run(q, k, v, ef, src, dst, scale, p=0.0, seed=0, return_attention=True, edge
         return fwd, None
     edge_feat_grad = ef is not None if edge_feat_grad is None else edge_feat_grad
     bwd = ext.attention_backward(grad_out, q, k, v, ef, fwd[0], fwd[1], src, dst, dst_group, dst_offsets, src_group,
-                                 src_offsets, scale, p, rng_state if p > 0 else None, edge_feat_grad, True)
+                                 src_offsets, scale, p, rng_state if p > 0 else None, edge_feat_grad, True, True)
     return fwd, bwd
 
 

@@ -14,7 +14,7 @@ from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
+                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
                    requires_cuda, skewed_index)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
@@ -1037,16 +1037,15 @@ def test_cuda_gatv2_records_give_the_recomputed_gradients(case, dtype, monkeypat
         src, dst = src[order], dst[order]
         kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(feats[1].shape[0] + 1, device="cuda"))
     grad_out = rand_feat((feats[1].shape[0], 4, 32), dtype, "cuda", gen(5))
-    results = []
-    for records in (True, False):
-        monkeypatch.setattr(gat_ops, "GATV2_RECORDS", records)
+
+    def run():
         leaves = _leaves(feats)
         if case == "dropout":
             kwargs["generator"] = torch.Generator("cuda").manual_seed(11)
         out = GATV2.call(GATV2.fn, leaves, src, dst, dropout_p=0.3 if case == "dropout" else 0.0, **kwargs)
-        results.append((out,) + torch.autograd.grad(out, _present(leaves), grad_out))
-    for with_records, recomputed in zip(*results):
-        assert torch.equal(with_records, recomputed)
+        return (out,) + torch.autograd.grad(out, _present(leaves), grad_out)
+
+    assert_records_change_nothing(run, monkeypatch)
 
 
 @requires_cuda

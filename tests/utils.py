@@ -279,3 +279,17 @@ def assert_one_chunk_path_kept(run, built, set_chunk_elements, tolerance):
     for a, b in zip(one_chunk[0], chunked[0]):
         assert rel_error(a, b) <= tolerance
 
+
+
+def assert_records_change_nothing(run, monkeypatch):
+    """``run()`` (a flat tuple of tensors: outputs and gradients) with the CUDA backwards' records
+    (``edgedot.ops.attention.BACKWARD_RECORDS``) and with their source passes recomputing instead:
+    the same bits (whether the records fit in memory must not change a result)."""
+    from edgedot.ops import attention as attention_ops
+
+    results = []
+    for records in (True, False):
+        monkeypatch.setattr(attention_ops, "BACKWARD_RECORDS", records)
+        results.append(run())
+    for with_records, recomputed in zip(*results):
+        assert torch.equal(with_records, recomputed)

@@ -20,11 +20,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("attention_backward", &edgedot::attention_backward,
-        "gradients of fused graph attention by recomputation: (dq, dk, dv, d_edge_feat) (CUDA)");
+        "gradients of fused graph attention: (dq, dk, dv, d_edge_feat) (CUDA)");
   m.def("agnn_forward", &edgedot::agnn_forward,
         "fused AGNN attention (cosine score, learned per-head scale): (out, lse, alpha) (CUDA)");
   m.def("agnn_backward", &edgedot::agnn_backward,
-        "gradients of fused AGNN attention by recomputation: (d_x_norm, dx, d_beta) (CUDA)");
+        "gradients of fused AGNN attention: (d_x_norm, dx, d_beta) (CUDA)");
   m.def("gat_forward", &edgedot::gat_forward,
         "fused GAT attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gatv2_forward", &edgedot::gatv2_forward,
@@ -36,5 +36,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("node_logits_backward", &edgedot::node_logits_backward,
         "gradients of GAT's per-node logits: (dx, datt), each empty unless wanted (CUDA)");
   m.def("gatv2_backward", &edgedot::gatv2_backward,
-        "gradients of fused GATv2 attention by recomputation: (dx_src, dx_dst, datt, d_edge_feat) (CUDA)");
+        "gradients of fused GATv2 attention: (dx_src, dx_dst, datt, d_edge_feat) (CUDA)");
 }

@@ -21,6 +21,7 @@ from ..cpu import agnn as cpu_agnn
 from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
+from . import attention as attention_ops
 from .attention import _grouping, backward_groupings, check_options, edge_groupings, forward_fake
 from .attention import _check_graph as _check_edges
 from .gat import _check_dtype, _check_features, _check_graph, _check_shape, _check_tensors
@@ -175,7 +176,7 @@ def _backward_cuda(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx, dst_gr
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, num_nodes, num_nodes, True)
     d_x_norm, dx, d_beta = cuda_module().agnn_backward(grad_out, x_norm, x, beta, out, lse, src_idx.contiguous(),
                                                        dst_idx.contiguous(), dst_group, dst_offsets, src_group,
-                                                       src_offsets)
+                                                       src_offsets, attention_ops.BACKWARD_RECORDS)
     return d_x_norm, dx, _beta_grad(d_beta, beta)
 
 

@@ -334,6 +334,14 @@ def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
     return group, offsets.to(torch.int64).contiguous()  # a dst_ptr comes as given
 
 
+# Whether the CUDA backwards of graph attention, AGNN and GATv2 keep each (edge, head)'s alpha and
+# ds (GATv2: and the signs of m) between their two passes, where they fit in memory (8 bytes per
+# edge and head at float32 accumulation; GATv2 12 at bf16 x 32): the source pass then gathers
+# fewer rows and recomputes no score. Off, it recomputes them, with the same gradients bit for bit;
+# the tests compare the two.
+BACKWARD_RECORDS = True
+
+
 def backward_groupings(dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, num_src, num_dst, by_src):
     """A CUDA backward's groupings (see :func:`_grouping`): by destination, and by source where
     ``by_src`` (else as given)."""
@@ -428,7 +436,7 @@ def _backward_cuda(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, k.shape[0], q.shape[0], kv_grad)
     return cuda_module().attention_backward(grad_out, q, k, v, edge_feat, out, lse, src_idx.contiguous(),
                                             dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                            scale, dropout_p, rng_state, edge_feat_grad, kv_grad)
+                                            scale, dropout_p, rng_state, edge_feat_grad, kv_grad, BACKWARD_RECORDS)
 
 
 @torch.library.register_fake("edgedot::graph_attention_backward")

@@ -26,6 +26,7 @@ from ..cpu import gat as cpu_gat
 from ..runtime import dropout, eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
+from . import attention as attention_ops
 from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
                         draw_cpu, edge_groupings, forward_fake, setup_context)
 from .attention import _check_graph as _check_edges
@@ -429,12 +430,6 @@ def _gatv2_backward_cpu(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_id
                             dst_idx, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad)
 
 
-# Whether GATv2's CUDA backward keeps each edge's alpha, ds and signs of m between its passes (where
-# they fit in memory; 12 bytes per edge and head at bf16 x 32): its source pass then gathers no
-# x_dst rows. Off, it recomputes them, with the same gradients; the tests compare the two.
-GATV2_RECORDS = True
-
-
 @torch.library.impl(_lib, "gatv2_attention_backward", "CUDA")
 def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                          src_group, src_offsets, negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad):
@@ -445,7 +440,7 @@ def _gatv2_backward_cuda(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_i
     return cuda_module().gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx.contiguous(),
                                         dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
                                         negative_slope, dropout_p, rng_state, edge_feat_grad, src_grad,
-                                        GATV2_RECORDS)
+                                        attention_ops.BACKWARD_RECORDS)
 
 
 @torch.library.register_fake("edgedot::gatv2_attention_backward")

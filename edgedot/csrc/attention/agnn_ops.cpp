@@ -16,10 +16,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_forward(at::Tensor x_norm, a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_backward(
     at::Tensor grad_out, at::Tensor x_norm, at::Tensor x, at::Tensor beta, at::Tensor out, at::Tensor lse,
     at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets,
-    at::Tensor src_group, at::Tensor src_offsets) {
+    at::Tensor src_group, at::Tensor src_offsets, bool records) {
   const auto grads = attention_backward_scaled(grad_out, x_norm, x_norm, x, c10::nullopt, out, lse, src_idx, dst_idx,
                                                dst_group, dst_offsets, src_group, src_offsets, 1.0, 0.0,
-                                               c10::nullopt, false, true, beta);
+                                               c10::nullopt, false, true, records, beta);
   // x_norm is both the queries and the keys: its gradient is the sum of theirs.
   return {std::get<0>(grads) + std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
 }

@@ -118,6 +118,23 @@ std::vector<void*> attention_partials(std::initializer_list<PartialRows> parts, 
   return buffers;
 }
 
+at::Tensor backward_records(int64_t state_bytes, int64_t num_edges, int64_t heads, bool given_grouped,
+                            const at::Tensor& q, cudaStream_t stream) {
+  at::Tensor state;
+  if (state_bytes <= 0) return state;
+  try {
+    state = at::empty({state_bytes}, q.options().dtype(at::kByte));
+  } catch (const c10::OutOfMemoryError&) {
+    return state;
+  }
+  if (given_grouped) {
+    const size_t record_bytes =
+        static_cast<size_t>(num_edges * heads) * 2 * c10::elementSize(attention_accum(q.scalar_type()));
+    C10_CUDA_CHECK(cudaMemsetAsync(state.data_ptr(), 0xFF, record_bytes, stream));
+  }
+  return state;
+}
+
 namespace {
 
 // q, k, v (and edge_feat) with unit stride on the last dim, checked against each other; dropout
@@ -220,15 +237,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_sca
 // with edge_feat_grad, else an empty [0] tensor). The dst pass writes dq, d_edge_feat and
 // delta = <grad_out, out> per (n, h); the src pass then writes dk and dv, unless kv_grad is false
 // (then dk and dv are empty [0] tensors and src_group, src_offsets are not read). With dropout,
-// rng_state is the forward's.
+// rng_state is the forward's. records: the dst pass hands the src pass each edge's alpha and ds
+// where they fit in memory (else, and without records, the src pass recomputes them; the same
+// gradients).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
-    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad) {
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
+    bool records) {
   const auto grads = attention_backward_scaled(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group,
                                                dst_offsets, src_group, src_offsets, scale, dropout_p, rng_state,
-                                               edge_feat_grad, kv_grad, c10::nullopt);
+                                               edge_feat_grad, kv_grad, records, c10::nullopt);
   return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<3>(grads)};
 }
 
@@ -237,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
-    c10::optional<at::Tensor> scale_heads) {
+    bool records, c10::optional<at::Tensor> scale_heads) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
@@ -291,6 +311,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
                                 : at::empty({0}, q.options().dtype(accum));
   args.d_scale_rows = in.scale_heads != nullptr ? d_scale_rows.data_ptr() : nullptr;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor src_state =
+      backward_records(records && kv_grad ? attention_src_state_bytes(args, scalar) : 0, num_edges, in.heads,
+                       args.dst.order == nullptr, q, stream);
+  args.src_state = src_state.defined() ? src_state.data_ptr() : nullptr;
   launch_attention_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (kv_grad) {

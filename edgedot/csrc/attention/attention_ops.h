@@ -40,6 +40,14 @@ struct PartialRows {
 std::vector<void*> attention_partials(std::initializer_list<PartialRows> parts, int64_t heads, const at::Tensor& q,
                                       std::vector<at::Tensor>& keep);
 
+// The buffer in which the dst pass hands the src pass its records (state_bytes, beginning with
+// num_edges * heads EdgeRecords), or an undefined tensor where it does not fit in memory: the src
+// pass then recomputes what they hold, with the same gradients. With edges given grouped (an
+// invalid pointer may leave edges unvisited by the dst pass) the records are filled to read NaN,
+// as recomputing gives.
+at::Tensor backward_records(int64_t state_bytes, int64_t num_edges, int64_t heads, bool given_grouped,
+                            const at::Tensor& q, cudaStream_t stream);
+
 // ---- The extension's functions ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(
@@ -51,7 +59,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward(
     at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> edge_feat,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
-    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad);
+    double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
+    bool records);
 
 // The same with a learned per-head scale scale_heads ([heads] or [1], any float dtype) in place of
 // scale (CosineScore); the backward's fifth output is its gradient [heads], accumulation dtype.
@@ -65,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double scale, double dropout_p, c10::optional<at::Tensor> rng_state, bool edge_feat_grad, bool kv_grad,
-    c10::optional<at::Tensor> scale_heads);
+    bool records, c10::optional<at::Tensor> scale_heads);
 
 // AGNN (PyG's AGNNConv): attention of x_norm = x / |x| (normalised by the caller) as queries and
 // keys and x as values, under beta ([heads] or [1]); (out, lse, alpha or an empty [0] tensor).
@@ -74,10 +83,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_forward(at::Tensor x_norm, a
                                                             c10::optional<at::Tensor> dst_group,
                                                             at::Tensor dst_offsets, bool return_attention);
 
-// Its gradients: (d_x_norm, dx, d_beta [heads] in the accumulation dtype).
+// Its gradients: (d_x_norm, dx, d_beta [heads] in the accumulation dtype); records as for
+// attention_backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> agnn_backward(
     at::Tensor grad_out, at::Tensor x_norm, at::Tensor x, at::Tensor beta, at::Tensor out, at::Tensor lse,
     at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group, at::Tensor dst_offsets,
-    at::Tensor src_group, at::Tensor src_offsets);
+    at::Tensor src_group, at::Tensor src_offsets, bool records);
 
 }  // namespace edgedot

@@ -14,4 +14,9 @@ void launch_attention_backward_src(const AttentionBackwardArgs& a, ScalarKind sc
   }
 }
 
+int64_t attention_src_state_bytes(const AttentionBackwardArgs& a, ScalarKind scalar) {
+  // CosineScore records what DotScore does.
+  return a.dk != nullptr ? src_state_bytes<DotScore>(a, scalar) : 0;
+}
+
 }  // namespace edgedot

@@ -456,8 +456,11 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   const A* lse_in = static_cast<const A*>(a.lse);
   A* delta_out = static_cast<A*>(a.delta);
   T* edge_grads = Dst::edge_grads(a);
-  EdgeRecord<A>* records = nullptr;
-  if constexpr (Score::kSrcFromRecords) records = Score::template records<A>(a);
+  // The records' pointer is read from the arguments where it is used, not held through the walk.
+  const auto records = [&a]() -> EdgeRecord<A>* {
+    if constexpr (Score::kSrcFromRecords) return Score::template records<A>(a);
+    return nullptr;
+  };
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
@@ -490,19 +493,19 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
             const int64_t edge_head = int64_t{e[j].edge} * heads + h;
             if (e[j].other < 0 || alpha == A(0)) {
               if (edge_row != nullptr) side.zero_edge_grad(edge_row, t);
-              if (records != nullptr && e[j].other >= 0 && t.lane == 0) records[edge_head] = {A(0), A(0)};
+              if (records() != nullptr && e[j].other >= 0 && t.lane == 0) records()[edge_head] = {A(0), A(0)};
               continue;
             }
             const A dp = t.sum(side.value_dot(dout, j, t));
             const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * keep - delta);
-            side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
             if constexpr (Score::kSrcFromRecords) {
-              if (records != nullptr) {
-                if (t.lane == 0) records[edge_head] = {alpha, ds};
+              if (records() != nullptr) {
+                if (t.lane == 0) records()[edge_head] = {alpha, ds};
                 side.store_src_state(a, edge_head, j, t);
               }
             }
+            side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
           }
         });
     side.store_grads(a, w, unit, t);
@@ -684,17 +687,19 @@ void launch_backward_src(const typename Score::BackwardArgs& a, ScalarKind scala
     dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
       const int64_t threads = (Score::num_src(in) + a.src_chunks.max_slots) * in.heads * group;
       if (threads == 0) return;
-      auto run = [&](auto records) {
+      auto run = [&](auto has_edge, auto records) {
         auto kernel = attention_backward_src_kernel<Score, T, decltype(v)::value, decltype(nv)::value,
-                                                    decltype(edge)::value, decltype(records)::value>;
+                                                    decltype(has_edge)::value, decltype(records)::value>;
         kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
       };
       bool records = false;
       if constexpr (Score::kSrcFromRecords) records = Score::template records<accum_t<T>>(a) != nullptr;
       if (records) {
-        if constexpr (Score::kSrcFromRecords) run(std::true_type{});
+        // The records stand for the edges' features: the pass reads none (and holds the batch of
+        // a graph without them).
+        if constexpr (Score::kSrcFromRecords) run(std::false_type{}, std::true_type{});
       } else {
-        run(std::false_type{});
+        run(edge, std::false_type{});
       }
     });
     if (a.src_chunks.first_chunk != nullptr) Score::template merge_src<T>(a, stream);

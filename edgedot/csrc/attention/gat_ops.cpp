@@ -191,25 +191,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   args.part_dx = parts[2];
   args.part_da_src = parts[3];
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t state_bytes = records ? gat_src_state_bytes(args, scalar) : 0;
-  at::Tensor src_state;
-  if (state_bytes > 0) {
-    // The records speed the src pass up but need not fit: without them it recomputes what they hold
-    // (the same gradients, bit for bit).
-    try {
-      src_state = at::empty({state_bytes}, options.dtype(at::kByte));
-    } catch (const c10::OutOfMemoryError&) {
-    }
-  }
-  if (src_state.defined()) {
-    args.src_state = src_state.data_ptr();
-    // Edges given grouped: an invalid pointer may leave edges unvisited by the dst pass; their
-    // records read NaN (all bits set), as the recomputing pass would give.
-    if (args.dst.order == nullptr) {
-      const size_t record_bytes = static_cast<size_t>(in.num_edges * heads) * 2 * at::elementSize(accum);
-      C10_CUDA_CHECK(cudaMemsetAsync(args.src_state, 0xFF, record_bytes, stream));
-    }
-  }
+  const at::Tensor src_state = backward_records(records ? gat_src_state_bytes(args, scalar) : 0, in.num_edges, heads,
+                                                args.dst.order == nullptr, x, stream);
+  args.src_state = src_state.defined() ? src_state.data_ptr() : nullptr;
   launch_gat_backward_dst(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (src_grad) {

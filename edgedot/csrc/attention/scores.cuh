@@ -50,7 +50,15 @@ struct DotScore {
 
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
-  static constexpr bool kSrcFromRecords = false;  // its src pass needs q rows anyway
+  // Where memory allows, the dst pass records each (edge, head)'s alpha and ds, and the src pass
+  // (SrcFromRecords) reads them with the q and grad_out rows it needs anyway: no k, v or edge_feat
+  // rows, no score, no dot products.
+  static constexpr bool kSrcFromRecords = true;
+  template <typename A>
+  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
+    return static_cast<EdgeRecord<A>*>(a.src_state);
+  }
+  static int64_t src_state_width(const Inputs&, int) { return 0; }  // the records alone
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // One edge for float32 rows of two vectors a lane: more would spill.
@@ -132,50 +140,37 @@ struct DotScore {
       add_scaled(dq, scale * ds, kr[j], er[j], kEdge, t, dvec);
       if (edge_row != nullptr) store_combination(edge_row, t, dvec, scale * ds, q, alpha_keep, dout, true);
     }
+    __device__ __forceinline__ void store_src_state(const BackwardArgs&, int64_t, int, const Team&) const {}
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
       store_grad_row(w, a.part_dq, a.dq, unit, a.in.heads, a.in.dim, t, dvec, dq);
     }
   };
 
-  template <typename T, int VEC, int NV, bool kEdge, int B>
-  struct Src {
+  // What both src passes hold and write: each edge's q row and the source's dk and dv, which they
+  // add to as dk += scale * ds * q, dv += alpha' * grad_out.
+  template <typename T, int VEC, int NV, int B>
+  struct KvGrads {
+    using Element = T;
     using A = accum_t<T>;
     const int dvec, vvec;
     A scale;
-    RawRow<T, VEC, NV> k, v;
     LaneRow<T, VEC, NV> dk, dv;
-    RawRow<T, VEC, NV> qr[B], er[B];
+    RawRow<T, VEC, NV> qr[B];
 
-    __device__ __forceinline__ explicit Src(const Inputs& in)
+    __device__ __forceinline__ explicit KvGrads(const Inputs& in)
         : dvec(static_cast<int>(in.dim / VEC)),
           vvec(static_cast<int>(in.dim_v / VEC)),
           scale(static_cast<A>(in.scale)) {}
 
-    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
-      k.load(row_head<T>(in.k, s, h), t, dvec);
-      v.load(row_head<T>(in.v, s, h), t, vvec);
-    }
-    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+    __device__ __forceinline__ void load_q(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
 #pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const bool ok = e[j].other >= 0;
-        qr[j].load(ok ? row_head<T>(in.q, e[j].other, h) : nullptr, t, dvec);
-        if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, dvec);
-      }
-    }
-    // The forward's score: q widened, k + edge_feat widened element by element.
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return scaled_score(t.sum(lane_dot(qr[j], k, er[j], kEdge, t, dvec)), scale);
-    }
-    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int j, const Team& t) const {
-      return lane_dot(gr, v, er[j], kEdge, t, vvec);
+      for (int j = 0; j < B; ++j) qr[j].load(e[j].other >= 0 ? row_head<T>(in.q, e[j].other, h) : nullptr, t, dvec);
     }
     __device__ __forceinline__ void zero_grads() {
       dk.zero();
       dv.zero();
     }
-    // dk += scale * ds * q; dv += alpha' * grad_out.
     __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr, const Team&) {
       const A g = scale * ds;
 #pragma unroll
@@ -190,6 +185,53 @@ struct DotScore {
                                                 const Team& t) const {
       store_grad_row(w, a.part_dk, a.dk, unit, a.in.heads, a.in.dim, t, dvec, dk);
       store_grad_row(w, a.part_dv, a.dv, unit, a.in.heads, a.in.dim_v, t, vvec, dv);
+    }
+  };
+
+  // The src pass by recomputation, where the records did not fit in memory: each edge's score and
+  // <grad_out, v + edge_feat> again, from the source's k and v rows.
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src : KvGrads<T, VEC, NV, B> {
+    using A = accum_t<T>;
+    using Base = KvGrads<T, VEC, NV, B>;
+    RawRow<T, VEC, NV> k, v;
+    RawRow<T, VEC, NV> er[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
+      k.load(row_head<T>(in.k, s, h), t, this->dvec);
+      v.load(row_head<T>(in.v, s, h), t, this->vvec);
+    }
+    __device__ __forceinline__ void load(const Inputs& in, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+      this->load_q(in, t, e, h);
+      if constexpr (kEdge) {
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          er[j].load(e[j].other >= 0 ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, this->dvec);
+        }
+      }
+    }
+    // The forward's score: q widened, k + edge_feat widened element by element.
+    __device__ __forceinline__ A score(int j, const Team& t) const {
+      return scaled_score(t.sum(lane_dot(this->qr[j], k, er[j], kEdge, t, this->dvec)), this->scale);
+    }
+    __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int j, const Team& t) const {
+      return lane_dot(gr, v, er[j], kEdge, t, this->vvec);
+    }
+  };
+
+  // The src pass from the dst pass's records: q and grad_out rows alone (dk and dv need neither the
+  // source's rows nor the edge's features).
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct SrcFromRecords : KvGrads<T, VEC, NV, B> {
+    using Base = KvGrads<T, VEC, NV, B>;
+
+    __device__ __forceinline__ explicit SrcFromRecords(const Inputs& in) : Base(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs&, const Team&, int64_t, int64_t) {}
+    __device__ __forceinline__ void load(const BackwardArgs& a, const Team& t, const GroupedEdge (&e)[B], int64_t h) {
+      this->load_q(a.in, t, e, h);
     }
   };
 
@@ -252,17 +294,20 @@ struct CosineScore : DotScore {
     }
   };
 
-  template <typename T, int VEC, int NV, bool kEdge, int B>
-  struct Src : DotScore::Src<T, VEC, NV, kEdge, B> {
-    using Base = DotScore::Src<T, VEC, NV, kEdge, B>;
-
-    __device__ __forceinline__ explicit Src(const Inputs& in) : Base(in) {}
+  // A src pass of DotScore's under the head's scale.
+  template <class Side>
+  struct HeadScaled : Side {
+    __device__ __forceinline__ explicit HeadScaled(const Inputs& in) : Side(in) {}
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
-      Base::begin(in, t, s, h);
-      this->scale = head_scale<T>(in, h);
+      Side::begin(in, t, s, h);
+      this->scale = head_scale<typename Side::Element>(in, h);
     }
   };
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  using Src = HeadScaled<DotScore::Src<T, VEC, NV, kEdge, B>>;
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  using SrcFromRecords = HeadScaled<DotScore::SrcFromRecords<T, VEC, NV, kEdge, B>>;
 };
 
 }  // namespace edgedot

@@ -265,6 +265,9 @@ struct AttentionBackwardArgs {
   // whole row, or chunk slot at num_dst + slot) the sum of ds * <q, k + edge_feat> over its edges;
   // their sum over rows is the gradient of scale_heads.
   void* d_scale_rows;
+  // With a src pass: [num_edges * heads] EdgeRecord (alpha, ds; attention_src_state_bytes), written
+  // by the dst pass, read by the src pass; or null (the src pass then recomputes them).
+  void* src_state;
 };
 
 // Edges a chunk of a long row holds, for a grouping of num_edges edges of these heads and head dims
@@ -298,6 +301,8 @@ void launch_attention_forward(const AttentionForwardArgs& args, ScalarKind scala
 // reads delta. Every element of the outputs is written: rows without edges as zeros.
 void launch_attention_backward_dst(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+// Bytes of args.src_state the passes need (0: none), with every other field of args set.
+int64_t attention_src_state_bytes(const AttentionBackwardArgs& args, ScalarKind scalar);
 
 // Fused GAT and GATv2 attention (their score policies in csrc/attention/scores.cuh), on the
 // engine of graph attention above (groupings, chunk schedules, merges, dropout). Per edge e from s to n and head h:
