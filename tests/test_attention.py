@@ -9,8 +9,8 @@ from edgedot.cpu import attention as cpu_attention
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
-                   requires_cuda, skewed_index)
+                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
+                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index)
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -744,17 +744,10 @@ def test_cuda_records_give_the_recomputed_gradients(case, dtype, monkeypatch):
     """The source pass from the destination pass's records (alpha and ds) gives the gradients of
     the source pass that recomputes them, bit for bit: edge features, dropout, a hub whose rows are
     split into chunks, edges given grouped, values of another width."""
-    hub = case == "hub"
-    q, k, v, src, dst, ef = make_inputs(num_src=300, num_dst=200, num_edges=40_000 if hub else 3_000, heads=4, dim=32,
-                                        dim_v=16 if case == "dim_v" else None, dtype=dtype, device="cuda",
+    q, k, v, src, dst, ef = make_inputs(num_src=300, num_dst=200, num_edges=40_000 if case == "hub" else 3_000, heads=4,
+                                        dim=32, dim_v=16 if case == "dim_v" else None, dtype=dtype, device="cuda",
                                         edge_feat=case == "edge_feat")
-    if hub:
-        dst[: 30_000] = 7
-    kwargs = {}
-    if case == "dst_ptr":
-        order = torch.argsort(dst, stable=True)
-        src, dst = src[order], dst[order]
-        kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(q.shape[0] + 1, device="cuda"))
+    src, dst, kwargs = records_case_graph(case, src, dst, q.shape[0])
     grad_out = rand_feat((q.shape[0], 4, v.shape[2]), dtype, "cuda", gen(5))
 
     def run():

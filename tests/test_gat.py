@@ -14,8 +14,8 @@ from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error,
-                   requires_cuda, skewed_index)
+                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
+                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -1026,16 +1026,9 @@ def test_cuda_gatv2_records_give_the_recomputed_gradients(case, dtype, monkeypat
     """GATv2's source pass from the destination pass's records gives the gradients of the source
     pass that recomputes them, bit for bit (whether the records fit in memory must not change a
     result): edge features, dropout, a hub whose rows are split into chunks, edges given grouped."""
-    hub = case == "hub"
-    feats, src, dst = GATV2.make(num_src=300, num_dst=200, num_edges=40_000 if hub else 3_000, heads=4, dim=32,
+    feats, src, dst = GATV2.make(num_src=300, num_dst=200, num_edges=40_000 if case == "hub" else 3_000, heads=4, dim=32,
                                  dtype=dtype, device="cuda", edge=case == "edge_feat")
-    if hub:
-        dst[: 30_000] = 7
-    kwargs = {}
-    if case == "dst_ptr":
-        order = torch.argsort(dst, stable=True)
-        src, dst = src[order], dst[order]
-        kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(feats[1].shape[0] + 1, device="cuda"))
+    src, dst, kwargs = records_case_graph(case, src, dst, feats[1].shape[0])
     grad_out = rand_feat((feats[1].shape[0], 4, 32), dtype, "cuda", gen(5))
 
     def run():

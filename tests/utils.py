@@ -281,6 +281,21 @@ def assert_one_chunk_path_kept(run, built, set_chunk_elements, tolerance):
 
 
 
+def records_case_graph(case, src, dst, num_dst):
+    """(src, dst, extra keyword arguments) of a test of the backward's records: "hub" sends 30,000
+    edges (of 40,000) into one destination, whose rows are split into chunks; "dst_ptr" gives the
+    edges grouped by destination, with their pointer; other cases as given."""
+    kwargs = {}
+    if case == "hub":
+        dst = dst.clone()
+        dst[:30_000] = 7
+    if case == "dst_ptr":
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+        kwargs["dst_ptr"] = torch.searchsorted(dst, torch.arange(num_dst + 1, device=dst.device))
+    return src, dst, kwargs
+
+
 def assert_records_change_nothing(run, monkeypatch):
     """``run()`` (a flat tuple of tensors: outputs and gradients) with the CUDA backwards' records
     (``edgedot.ops.attention.BACKWARD_RECORDS``) and with their source passes recomputing instead:
