@@ -667,7 +667,8 @@ class _ExtensionOnCPU:
         return self._forward(cpu_gat.gatv2_forward, *args)
 
     def gat_backward(self, *args):
-        return self._backward(cpu_gat.gat_backward, *args)
+        assert args[-1] is True  # the records, where they fit
+        return self._backward(cpu_gat.gat_backward, *args[:-1])
 
     def gatv2_backward(self, *args):
         assert args[-1] is True  # the records, where they fit
@@ -1022,20 +1023,22 @@ def test_cuda_hub_million_edges(kind):
 @requires_cuda
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", ["plain", "edge_feat", "dropout", "hub", "dst_ptr"])
-def test_cuda_gatv2_records_give_the_recomputed_gradients(case, dtype, monkeypatch):
-    """GATv2's source pass from the destination pass's records gives the gradients of the source
-    pass that recomputes them, bit for bit (whether the records fit in memory must not change a
+@kinds
+def test_cuda_records_give_the_recomputed_gradients(kind, case, dtype, monkeypatch):
+    """The source pass from the destination pass's records gives the gradients of the source pass
+    that recomputes them, bit for bit (whether the records fit in memory must not change a
     result): edge features, dropout, a hub whose rows are split into chunks, edges given grouped."""
-    feats, src, dst = GATV2.make(num_src=300, num_dst=200, num_edges=40_000 if case == "hub" else 3_000, heads=4, dim=32,
-                                 dtype=dtype, device="cuda", edge=case == "edge_feat")
-    src, dst, kwargs = records_case_graph(case, src, dst, feats[1].shape[0])
-    grad_out = rand_feat((feats[1].shape[0], 4, 32), dtype, "cuda", gen(5))
+    feats, src, dst = kind.make(num_src=300, num_dst=200, num_edges=40_000 if case == "hub" else 3_000, heads=4, dim=32,
+                                dtype=dtype, device="cuda", edge=case == "edge_feat")
+    num_dst = (feats[2] if kind is GAT else feats[1]).shape[0]
+    src, dst, kwargs = records_case_graph(case, src, dst, num_dst)
+    grad_out = rand_feat((num_dst, 4, 32), dtype, "cuda", gen(5))
 
     def run():
         leaves = _leaves(feats)
         if case == "dropout":
             kwargs["generator"] = torch.Generator("cuda").manual_seed(11)
-        out = GATV2.call(GATV2.fn, leaves, src, dst, dropout_p=0.3 if case == "dropout" else 0.0, **kwargs)
+        out = kind.call(kind.fn, leaves, src, dst, dropout_p=0.3 if case == "dropout" else 0.0, **kwargs)
         return (out,) + torch.autograd.grad(out, _present(leaves), grad_out)
 
     assert_records_change_nothing(run, monkeypatch)

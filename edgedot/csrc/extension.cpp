@@ -30,7 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gatv2_forward", &edgedot::gatv2_forward,
         "fused GATv2 attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gat_backward", &edgedot::gat_backward,
-        "gradients of fused GAT attention by recomputation: (dx, da_src, da_dst, da_edge) (CUDA)");
+        "gradients of fused GAT attention: (dx, da_src, da_dst, da_edge) (CUDA)");
   m.def("node_logits_forward", &edgedot::node_logits_forward,
         "GAT's per-node logits <x[n, h], att[k, h]>: [N, H] or [2, N, H] in the promoted dtype (CUDA)");
   m.def("node_logits_backward", &edgedot::node_logits_backward,

@@ -334,11 +334,11 @@ def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):
     return group, offsets.to(torch.int64).contiguous()  # a dst_ptr comes as given
 
 
-# Whether the CUDA backwards of graph attention, AGNN and GATv2 keep each (edge, head)'s alpha and
-# ds (GATv2: and the signs of m) between their two passes, where they fit in memory (8 bytes per
-# edge and head at float32 accumulation; GATv2 12 at bf16 x 32): the source pass then gathers
-# fewer rows and recomputes no score. Off, it recomputes them, with the same gradients bit for bit;
-# the tests compare the two.
+# Whether the CUDA backwards of graph attention, AGNN, GAT and GATv2 keep each (edge, head)'s
+# alpha and ds (GAT: dz; GATv2: and the signs of m) between their two passes, where they fit in
+# memory (8 bytes per edge and head at float32 accumulation; GATv2 12 at bf16 x 32): the source
+# pass then gathers fewer rows and recomputes no score. Off, it recomputes them, with the same
+# gradients bit for bit; the tests compare the two.
 BACKWARD_RECORDS = True
 
 

@@ -371,7 +371,8 @@ def _gat_backward_cuda(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
         dst_group, dst_offsets, src_group, src_offsets, src_idx, dst_idx, x.shape[0], a_dst.shape[0], src_grad)
     return cuda_module().gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx.contiguous(),
                                       dst_idx.contiguous(), dst_group, dst_offsets, src_group, src_offsets,
-                                      negative_slope, dropout_p, rng_state, a_edge_grad, src_grad)
+                                      negative_slope, dropout_p, rng_state, a_edge_grad, src_grad,
+                                      attention_ops.BACKWARD_RECORDS)
 
 
 @torch.library.register_fake("edgedot::gat_attention_backward")

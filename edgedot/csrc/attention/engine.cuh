@@ -240,8 +240,9 @@ inline void dispatch_per_lane(int per_lane, bool has_edge, F&& f) {
 }
 
 // What the dst pass hands the src pass of one (edge, head) where a policy's kSrcFromRecords says its
-// src pass reads them instead of recomputing the score: alpha (before dropout) and ds, in the
-// accumulation type. An edge the dst pass skips (alpha 0) records {0, 0}.
+// src pass reads them instead of recomputing the score: alpha (before dropout) and ds (or what the
+// policy's Dst::recorded(j, ds) makes of it), in the accumulation type. An edge the dst pass skips
+// (alpha 0) records {0, 0}.
 template <typename A>
 struct alignas(2 * sizeof(A)) EdgeRecord {
   A alpha, ds;
@@ -276,8 +277,9 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
 //   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
-//     memory: then Src recomputes them) instead of recomputing them; Dst::store_src_state(args,
-//     edge * heads + h, j, t) writes whatever else the src pass needs of edge j, and
+//     memory: then Src recomputes them) instead of recomputing them; Dst::recorded(j, ds) is the
+//     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) writes whatever
+//     else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's batch, and
 //     SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
@@ -306,14 +308,19 @@ constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEd
 template <class Score, typename T, int NV, bool kEdge, bool kRecords>
 constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !kRecords>;
 
-// The src pass's side of a policy: Src, or SrcFromRecords when it reads the dst pass's records.
+// The src pass's side of a policy and its batch: Src, or SrcFromRecords when it reads the dst
+// pass's records.
 template <class Score, bool kRecords>
 struct SrcSide {
+  template <typename T, int NV, bool kEdge>
+  static constexpr int kBatch = Score::template kSrcBatch<T, NV, kEdge>;
   template <typename T, int VEC, int NV, bool kEdge, int B>
   using type = typename Score::template Src<T, VEC, NV, kEdge, B>;
 };
 template <class Score>
 struct SrcSide<Score, true> {
+  template <typename T, int NV, bool>
+  static constexpr int kBatch = Score::template kRecordsBatch<T, NV>;
   template <typename T, int VEC, int NV, bool kEdge, int B>
   using type = typename Score::template SrcFromRecords<T, VEC, NV, kEdge, B>;
 };
@@ -501,7 +508,7 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
             const A ds = alpha * (dp * keep - delta);
             if constexpr (Score::kSrcFromRecords) {
               if (records() != nullptr) {
-                if (t.lane == 0) records()[edge_head] = {alpha, ds};
+                if (t.lane == 0) records()[edge_head] = {alpha, side.recorded(j, ds)};
                 side.store_src_state(a, edge_head, j, t);
               }
             }
@@ -531,7 +538,7 @@ template <class Score, typename T, int VEC, int NV, bool kEdge, bool kRecords>
 __global__ void __launch_bounds__(kBlockThreads, kSrcBlocksPerSM<Score, T, NV, kEdge, kRecords>)
 attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   using A = accum_t<T>;
-  constexpr int B = Score::template kSrcBatch<T, NV, kEdge>;
+  constexpr int B = SrcSide<Score, kRecords>::template kBatch<T, NV, kEdge>;
   using Src = typename SrcSide<Score, kRecords>::template type<T, VEC, NV, kEdge, B>;
   const auto& in = a.in;
   const Team t(group);

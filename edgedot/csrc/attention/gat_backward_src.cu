@@ -12,7 +12,8 @@ void launch_gat_backward_src(const GatBackwardArgs& a, ScalarKind scalar, cudaSt
 }
 
 int64_t gat_src_state_bytes(const GatBackwardArgs& a, ScalarKind scalar) {
-  return a.in.v2 && a.dx != nullptr ? src_state_bytes<Gatv2Score>(a, scalar) : 0;
+  if (a.dx == nullptr) return 0;
+  return a.in.v2 ? src_state_bytes<Gatv2Score>(a, scalar) : src_state_bytes<GatScore>(a, scalar);
 }
 
 }  // namespace edgedot

@@ -236,19 +236,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_forward(
 
 // Its gradients by recomputation from lse: (dx, da_src, da_dst, da_edge) in x's dtype; da_edge is
 // an empty [0] tensor without a_edge_grad, dx and da_src without src_grad (then src_group and
-// src_offsets are not read). With dropout, rng_state is the forward's.
+// src_offsets are not read). With dropout, rng_state is the forward's. records: the dst pass hands
+// the src pass each edge's alpha and dz where they fit in memory (else, and without records, the
+// src pass recomputes them; the same gradients).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
     at::Tensor grad_out, at::Tensor x, at::Tensor a_src, at::Tensor a_dst, c10::optional<at::Tensor> a_edge,
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool a_edge_grad,
-    bool src_grad) {
+    bool src_grad, bool records) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x.device());
   const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!a_edge_grad || a_edge.has_value(), "edgedot: a_edge_grad needs a_edge");
   const auto grads = gat_backward_run(in, x, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad, false);
+                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad, records);
   return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
 }
 

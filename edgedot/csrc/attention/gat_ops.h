@@ -23,7 +23,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
     at::Tensor out, at::Tensor lse, at::Tensor src_idx, at::Tensor dst_idx, c10::optional<at::Tensor> dst_group,
     at::Tensor dst_offsets, c10::optional<at::Tensor> src_group, c10::optional<at::Tensor> src_offsets,
     double negative_slope, double dropout_p, c10::optional<at::Tensor> rng_state, bool a_edge_grad,
-    bool src_grad);
+    bool src_grad, bool records);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     at::Tensor grad_out, at::Tensor x_src, at::Tensor x_dst, at::Tensor att, c10::optional<at::Tensor> edge_feat,

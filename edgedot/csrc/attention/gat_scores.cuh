@@ -70,7 +70,15 @@ struct GatScore : GatFamily {
   // Per-edge extras are scalars: the register budget of a light score.
   template <bool kEdge>
   static constexpr bool kHeavy = false;
-  static constexpr bool kSrcFromRecords = false;  // its src pass gathers scalars besides grad_out
+  // Where memory allows, the dst pass records each (edge, head)'s alpha and dz = ds * leaky_relu'(z)
+  // in place of ds, and the src pass (SrcFromRecords) reads them with the grad_out rows: no a_dst,
+  // a_edge, lse or delta gathered, no score, no <grad_out, x>.
+  static constexpr bool kSrcFromRecords = true;
+  template <typename A>
+  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
+    return static_cast<EdgeRecord<A>*>(a.src_state);
+  }
+  static int64_t src_state_width(const Inputs&, int) { return 0; }  // the records alone
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
   template <typename T, int NV, bool kEdge>
@@ -79,6 +87,8 @@ struct GatScore : GatFamily {
   template <typename T, int NV, bool kEdge>
   static constexpr int kSrcBatch =
       kEdge && std::is_same_v<T, float> ? std::min(3, kEdgeBatch<T, NV, false>) : kEdgeBatch<T, NV, false>;
+  template <typename T, int NV>
+  static constexpr int kRecordsBatch = kEdgeBatch<T, NV, false>;
 
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct Dst {
@@ -132,34 +142,65 @@ struct GatScore : GatFamily {
     __device__ __forceinline__ void zero_edge_grad(T* row, const Team& t) const {
       if (t.lane == 0) *row = from_accum<T>(A(0));
     }
-    // dz = ds * leaky_relu'(z): da_dst += dz, da_edge = dz.
+    // dz = ds * leaky_relu'(z) (rounded: the src pass reads it from the record or recomputes it):
+    // da_dst += dz, da_edge = dz.
+    __device__ __forceinline__ A dz(int j, A ds) const { return mul_rounded(ds, leaky_relu_grad(logit(j), slope)); }
     __device__ __forceinline__ void add_grads(int j, A ds, A, const LaneRow<T, VEC, NV>&, T* edge_row,
                                               const Team& t) {
-      const A dz = ds * leaky_relu_grad(logit(j), slope);
-      da_dst += dz;
-      if (edge_row != nullptr && t.lane == 0) *edge_row = from_accum<T>(dz);
+      const A g = dz(j, ds);
+      da_dst += g;
+      if (edge_row != nullptr && t.lane == 0) *edge_row = from_accum<T>(g);
     }
+    // The record's second value: dz, which is all of ds the src pass needs.
+    __device__ __forceinline__ A recorded(int j, A ds) const { return dz(j, ds); }
+    __device__ __forceinline__ void store_src_state(const BackwardArgs&, int64_t, int, const Team&) const {}
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
       store_grad_scalar<T>(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, t, da_dst);
     }
   };
 
-  template <typename T, int VEC, int NV, bool kEdge, int B>
-  struct Src {
+  // What both src passes hold and write: the source's dx and da_src, which they add to as
+  // dx += alpha' * grad_out, da_src += dz.
+  template <typename T, int VEC, int NV>
+  struct SrcGrads {
     using A = accum_t<T>;
     const int vecs;
     const A slope;
-    RawRow<T, VEC, NV> xs;
-    A logit_src, da_src;  // da_src: the same on every lane
     LaneRow<T, VEC, NV> dx;
-    A logit_dst[B], logit_edge[B];
+    A da_src;  // the same on every lane
 
-    __device__ __forceinline__ explicit Src(const Inputs& in)
+    __device__ __forceinline__ explicit SrcGrads(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
 
+    __device__ __forceinline__ void zero_grads() {
+      dx.zero();
+      da_src = 0;
+    }
+    __device__ __forceinline__ void add_dx(A dz, A alpha_keep, const RawRow<T, VEC, NV>& gr, const Team& t) {
+      da_src += dz;
+      add_scaled(dx, alpha_keep, gr, gr, false, t, vecs);
+    }
+    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
+                                                const Team& t) const {
+      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+      store_grad_scalar<T>(w, a.part_da_src, a.da_src, unit, a.in.heads, t, da_src);
+    }
+  };
+
+  // The src pass by recomputation, where the records did not fit in memory.
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct Src : SrcGrads<T, VEC, NV> {
+    using A = accum_t<T>;
+    using Base = SrcGrads<T, VEC, NV>;
+    RawRow<T, VEC, NV> xs;
+    A logit_src;
+    A logit_dst[B], logit_edge[B];
+
+    __device__ __forceinline__ explicit Src(const Inputs& in) : Base(in) {}
+
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t s, int64_t h) {
-      xs.load(row_head<T>(in.x, s, h), t, vecs);
+      xs.load(row_head<T>(in.x, s, h), t, this->vecs);
       logit_src = load_scalar<T>(in.a_src, s, h);
     }
     __device__ __forceinline__ void load(const Inputs& in, const Team&, const GroupedEdge (&e)[B], int64_t h) {
@@ -176,24 +217,28 @@ struct GatScore : GatFamily {
       if constexpr (kEdge) z += logit_edge[j];
       return z;
     }
-    __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), slope); }
+    __device__ __forceinline__ A score(int j, const Team&) const { return leaky_relu(logit(j), this->slope); }
     __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
-      return lane_dot(gr, xs, xs, false, t, vecs);
+      return lane_dot(gr, xs, xs, false, t, this->vecs);
     }
-    __device__ __forceinline__ void zero_grads() {
-      dx.zero();
-      da_src = 0;
-    }
-    // da_src += ds * leaky_relu'(z); dx += alpha' * grad_out.
     __device__ __forceinline__ void add_grads(int j, A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr,
                                               const Team& t) {
-      da_src += ds * leaky_relu_grad(logit(j), slope);
-      add_scaled(dx, alpha_keep, gr, gr, false, t, vecs);
+      this->add_dx(mul_rounded(ds, leaky_relu_grad(logit(j), this->slope)), alpha_keep, gr, t);
     }
-    __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
-                                                const Team& t) const {
-      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
-      store_grad_scalar<T>(w, a.part_da_src, a.da_src, unit, a.in.heads, t, da_src);
+  };
+
+  // The src pass from the dst pass's records: grad_out rows and (alpha, dz) alone.
+  template <typename T, int VEC, int NV, bool kEdge, int B>
+  struct SrcFromRecords : SrcGrads<T, VEC, NV> {
+    using A = accum_t<T>;
+
+    __device__ __forceinline__ explicit SrcFromRecords(const Inputs& in) : SrcGrads<T, VEC, NV>(in) {}
+
+    __device__ __forceinline__ void begin(const Inputs&, const Team&, int64_t, int64_t) {}
+    __device__ __forceinline__ void load(const BackwardArgs&, const Team&, const GroupedEdge (&)[B], int64_t) {}
+    __device__ __forceinline__ void add_grads(int j, A dz, A alpha_keep, const RawRow<T, VEC, NV>& gr,
+                                              const Team& t) {
+      this->add_dx(dz, alpha_keep, gr, t);
     }
   };
 
@@ -272,6 +317,8 @@ struct Gatv2Score : GatFamily {
   static constexpr int kDstBatch = kEdgeBatch<T, NV, true, true>;
   template <typename T, int NV, bool kEdge>
   static constexpr int kSrcBatch = kEdgeBatch<T, NV, true, true>;
+  template <typename T, int NV>
+  static constexpr int kRecordsBatch = kEdgeBatch<T, NV, true, true>;
 
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct Dst {
@@ -339,6 +386,7 @@ struct Gatv2Score : GatFamily {
         if (edge_row != nullptr) *reinterpret_cast<Vec<T, VEC>*>(edge_row + (t.lane + u * t.group) * VEC) = dm_out;
       }
     }
+    __device__ __forceinline__ A recorded(int, A ds) const { return ds; }
     // The signs of edge j's m, a byte per vector (bit c: element c > 0), for the src pass.
     __device__ __forceinline__ void store_src_state(const BackwardArgs& a, int64_t edge_head, int j,
                                                     const Team& t) const {

@@ -14,10 +14,16 @@ namespace edgedot {
 __device__ __forceinline__ float fma_accum(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fma_accum(double a, double b, double c) { return fma(a, b, c); }
 
-// A score, rounded on its own: never fused into a later subtraction (of lse), which the forward
-// and the backward passes would then round differently.
-__device__ __forceinline__ float scaled_score(float dot, float scale) { return __fmul_rn(dot, scale); }
-__device__ __forceinline__ double scaled_score(double dot, double scale) { return __dmul_rn(dot, scale); }
+// A product rounded on its own, never fused into a later addition or subtraction: what one pass
+// computes and another recomputes or reads from it must be the same bits.
+__device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
+
+// A score, rounded on its own (never fused into the subtraction of lse).
+template <typename A>
+__device__ __forceinline__ A scaled_score(A dot, A scale) {
+  return mul_rounded(dot, scale);
+}
 
 // A team of `group` lanes (an aligned power of two up to 32) owns one (row, head) pair. Teams of a
 // warp walk different rows, so they diverge: reductions shuffle within the team's own lanes.

@@ -67,6 +67,11 @@ struct DotScore {
   // The src pass holds lse and delta besides the rows: one edge fewer without edge_feat.
   template <typename T, int NV, bool kEdge>
   static constexpr int kSrcBatch = kEdge ? kDstBatch<T, NV, true> : std::max(1, kDstBatch<T, NV, false> - 1);
+  // From records the src pass holds q and grad_out rows alone: a light score's batch for half types
+  // (three, not two), float32's as before (one more spills).
+  template <typename T, int NV>
+  static constexpr int kRecordsBatch =
+      std::is_same_v<T, float> ? kSrcBatch<T, NV, false> : kEdgeBatch<T, NV, false, true>;
 
   template <typename T>
   static bool vectorizable(const ForwardArgs& a) {
@@ -140,6 +145,7 @@ struct DotScore {
       add_scaled(dq, scale * ds, kr[j], er[j], kEdge, t, dvec);
       if (edge_row != nullptr) store_combination(edge_row, t, dvec, scale * ds, q, alpha_keep, dout, true);
     }
+    __device__ __forceinline__ A recorded(int, A ds) const { return ds; }
     __device__ __forceinline__ void store_src_state(const BackwardArgs&, int64_t, int, const Team&) const {}
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {

@@ -352,8 +352,9 @@ struct GatBackwardArgs {
   void* edge_grad;     // GAT: da_edge; GATv2: d_edge_feat; or null
   void* dx;
   void* da_src;        // GAT only
-  // GATv2 with a src pass: [num_edges * heads] EdgeRecord (alpha, ds), then the signs of m, a byte
-  // per vector (src_state_bytes); written by the dst pass, read by the src pass. Null otherwise.
+  // With a src pass: [num_edges * heads] EdgeRecord (alpha and ds, GAT's dz), then GATv2's signs of
+  // m, a byte per vector (gat_src_state_bytes); written by the dst pass, read by the src pass. Null
+  // otherwise (the src pass then recomputes them).
   void* src_state;
   // Chunk partials (accumulation type) of long rows: [dst max_slots, heads, dst_grad's width (1 or
   // dim)], [dst max_slots, heads, dim], [src max_slots, heads, dim], [src max_slots, heads, 1].
