@@ -15,7 +15,7 @@ from ..ops.gat import gat_attention, gatv2_attention
 from .gat_conv import _glorot, _zero, _promoted_dtype, _GATBase
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
-                   dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
+                   dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, one_gemm_pays, remove_self_loops,
                    set_sparse_value, softmax, torch_sparse)
 
 if typing.TYPE_CHECKING:
@@ -143,9 +143,10 @@ class GATv2Conv(_GATBase):
         return out
 
     def _fuse_sides(self) -> bool:
-        """Whether one x's two projections may run as one GEMM: two plain linear layers (no hooks,
-        adapters or lazy weights; see :func:`edgedot.nn._pyg.plain_linear`) of one input width,
-        both with a bias or both without."""
+        """Whether one x's two projections may run by their weights (as one GEMM where that pays,
+        :func:`edgedot.nn._pyg.one_gemm_pays`): two plain linear layers (no hooks, adapters or lazy
+        weights; see :func:`edgedot.nn._pyg.plain_linear`) of one input width, both with a bias or
+        both without."""
         return (not self.share_weights and hasattr(self.lin_l, "weight") and hasattr(self.lin_r, "weight")
                 and self._plain("lin_l") and self._plain("lin_r")
                 and self.lin_l.weight.shape[1] == self.lin_r.weight.shape[1]
@@ -162,13 +163,17 @@ class GATv2Conv(_GATBase):
             if self.res is not None:
                 res = self.res(x)
             if self._fuse_sides():
-                # One GEMM for both sides ([N, 2, H, C]; x_l, x_r strided views of it): its
-                # backward writes dx once, where two projections would each write one and add.
-                lr_bias: OptTensor = None
-                if self.lin_l.bias is not None and self.lin_r.bias is not None:
-                    lr_bias = torch.cat([self.lin_l.bias, self.lin_r.bias])
-                both = self._linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias)
-                x_l, x_r = both.view(-1, 2, H, C).unbind(1)
+                if one_gemm_pays(x):
+                    # One GEMM for both sides ([N, 2, H, C]; x_l, x_r strided views of it): its
+                    # backward writes dx once, where two projections would each write one and add.
+                    lr_bias: OptTensor = None
+                    if self.lin_l.bias is not None and self.lin_r.bias is not None:
+                        lr_bias = torch.cat([self.lin_l.bias, self.lin_r.bias])
+                    both = self._linear(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias)
+                    x_l, x_r = both.view(-1, 2, H, C).unbind(1)
+                else:
+                    x_l = self._linear(x, self.lin_l.weight, self.lin_l.bias).view(-1, H, C)
+                    x_r = self._linear(x, self.lin_r.weight, self.lin_r.bias).view(-1, H, C)
             else:
                 x_l = self.lin_l(x).view(-1, H, C)
                 x_r = x_l if self.share_weights else self.lin_r(x).view(-1, H, C)

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from ..ops.attention import graph_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
-                   adjacency, attention_weights, check_edge_attr, fused_path, is_torch_sparse_tensor, softmax)
+                   adjacency, attention_weights, check_edge_attr, fused_path, is_torch_sparse_tensor, one_gemm_pays,
+                   softmax)
 
 if typing.TYPE_CHECKING:
     from typing import overload
@@ -47,7 +48,8 @@ class TransformerConv(Projections, MessagePassing):
 
     ``lin_query``, ``lin_key`` and ``lin_value`` are called as modules, as in PyG's layer, when
     any of them has hooks (or global module hooks exist) or is not a plain ``Linear`` (an
-    adapter, a subclass); otherwise they run as one GEMM on one input tensor.
+    adapter, a subclass); otherwise they run by their weights, as one GEMM on one input tensor (on
+    the CPU from 2^18 input elements: smaller inputs are faster through three).
 
     Under CUDA autocast the attention runs in float32 on projections rounded to the autocast
     dtype, and the output is float32, as in PyG's layer (autocast runs its ``sum`` and ``exp`` in
@@ -87,7 +89,8 @@ class TransformerConv(Projections, MessagePassing):
         skip_width = width if concat else out_channels
         self.lin_skip = Linear(in_dst, skip_width, bias=bias)
         self.lin_beta = Linear(3 * skip_width, 1, bias=False) if self.beta else None
-        # One GEMM for query, key and value when both sides are the same tensor.
+        # One GEMM for query, key and value when both sides are the same tensor (and large enough:
+        # _pyg.one_gemm_pays).
         self._fuse_qkv = in_src == in_dst != -1
         # Whether the aggregation is the kernel's sum (what TorchScript may fuse).
         self._sum_aggr = self.aggr in ("add", "sum")
@@ -236,15 +239,20 @@ class TransformerConv(Projections, MessagePassing):
         if x_src is x_dst and self._fuse_qkv and hasattr(self.lin_query, "weight") and hasattr(self.lin_key, "weight") \
                 and hasattr(self.lin_value, "weight") and self._plain("lin_query") and self._plain("lin_key") \
                 and self._plain("lin_value"):
-            weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
-            bias: OptTensor = None
-            if self.lin_query.bias is not None:
-                bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
-            # [N, 3, H, C]: q, k, v are strided views of the one projection. unbind, not three
-            # selects: its backward stacks the three gradients in one pass, where each select's
-            # would write a zeroed [N, 3, H, C] tensor and autograd would add the three.
-            qkv = self._linear(x_dst, weight, bias).view(-1, 3, heads, channels)
-            query, key, value = qkv.unbind(1)
+            if one_gemm_pays(x_dst):
+                weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
+                bias: OptTensor = None
+                if self.lin_query.bias is not None:
+                    bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
+                # [N, 3, H, C]: q, k, v are strided views of the one projection. unbind, not three
+                # selects: its backward stacks the three gradients in one pass, where each select's
+                # would write a zeroed [N, 3, H, C] tensor and autograd would add the three.
+                qkv = self._linear(x_dst, weight, bias).view(-1, 3, heads, channels)
+                query, key, value = qkv.unbind(1)
+            else:
+                query = self._linear(x_dst, self.lin_query.weight, self.lin_query.bias).view(-1, heads, channels)
+                key = self._linear(x_dst, self.lin_key.weight, self.lin_key.bias).view(-1, heads, channels)
+                value = self._linear(x_dst, self.lin_value.weight, self.lin_value.bias).view(-1, heads, channels)
         else:
             query = self.lin_query(x_dst).view(-1, heads, channels)
             key = self.lin_key(x_src).view(-1, heads, channels)
