@@ -13,7 +13,8 @@ from edgedot.cpu import attention as cpu_attention
 from edgedot.ops import agnn as agnn_ops
 from edgedot.ops import attention as attention_ops
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, assert_records_change_nothing, dtype_id,
-                   fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda, skewed_index)
+                   fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda,
+                   skewed_index)
 
 OP = torch.ops.edgedot.agnn_attention.default
 BACKWARD_OP = torch.ops.edgedot.agnn_attention_backward.default

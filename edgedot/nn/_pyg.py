@@ -151,8 +151,8 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
            "remove_self_loops", "add_self_loops", "compute_loop_attr", "loops_of", "self_looped", "loop_attr",
-           "dense_in_range", "Adjacency", "Projections", "plain_linear", "one_gemm_pays", "adjacency", "attention_weights",
-           "check_edge_attr", "fused_path"]
+           "dense_in_range", "Adjacency", "Projections", "plain_linear", "one_gemm_pays", "adjacency",
+           "attention_weights", "check_edge_attr", "fused_path"]
 
 # The classes a projection may have for its weights to stand for its call.
 PLAIN_LINEAR = (torch.nn.Linear, Linear) if HAVE_PYG else (torch.nn.Linear, _GlorotLinear)
