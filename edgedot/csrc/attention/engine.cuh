@@ -248,6 +248,21 @@ struct alignas(2 * sizeof(A)) EdgeRecord {
   A alpha, ds;
 };
 
+// What a policy whose src pass reads records shares (kSrcFromRecords): the records at
+// args.src_state, and src_state_width(in, vec), the bytes per (edge, head) its dst pass hands
+// besides them: none here (a policy that hands more hides it).
+struct RecordsPolicy {
+  static constexpr bool kSrcFromRecords = true;
+  template <typename A, class Args>
+  __host__ __device__ static EdgeRecord<A>* records(const Args& a) {
+    return static_cast<EdgeRecord<A>*>(a.src_state);
+  }
+  template <class Inputs>
+  static int64_t src_state_width(const Inputs&, int) {
+    return 0;
+  }
+};
+
 template <typename A>
 __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
   if constexpr (std::is_same_v<A, double>) {
@@ -277,7 +292,8 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
 //   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
-//     memory: then Src recomputes them) instead of recomputing them; Dst::recorded(j, ds) is the
+//     memory: then Src recomputes them) instead of recomputing them (RecordsPolicy gives the flag,
+//     records and src_state_width, the bytes handed besides the records); Dst::recorded(j, ds) is the
 //     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) writes whatever
 //     else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's batch, and
 //     SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.

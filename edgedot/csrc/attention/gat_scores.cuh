@@ -29,7 +29,7 @@ __device__ __forceinline__ accum_t<T> load_scalar(const Rows& r, int64_t n, int6
 
 // ---- GAT and GATv2: what they share ------------------------------------------------------------
 // Values x[s]; sizes from GatInputs; the source gradient dx += alpha' * grad_out (+ the score's).
-struct GatFamily {
+struct GatFamily : RecordsPolicy {
   using Inputs = GatInputs;
   using ForwardArgs = GatForwardArgs;
   using BackwardArgs = GatBackwardArgs;
@@ -70,15 +70,6 @@ struct GatScore : GatFamily {
   // Per-edge extras are scalars: the register budget of a light score.
   template <bool kEdge>
   static constexpr bool kHeavy = false;
-  // Where memory allows, the dst pass records each (edge, head)'s alpha and dz = ds * leaky_relu'(z)
-  // in place of ds, and the src pass (SrcFromRecords) reads them with the grad_out rows: no a_dst,
-  // a_edge, lse or delta gathered, no score, no <grad_out, x>.
-  static constexpr bool kSrcFromRecords = true;
-  template <typename A>
-  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
-    return static_cast<EdgeRecord<A>*>(a.src_state);
-  }
-  static int64_t src_state_width(const Inputs&, int) { return 0; }  // the records alone
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
   template <typename T, int NV, bool kEdge>
@@ -227,7 +218,9 @@ struct GatScore : GatFamily {
     }
   };
 
-  // The src pass from the dst pass's records: grad_out rows and (alpha, dz) alone.
+  // The src pass from the dst pass's records (where memory allows: alpha and dz = ds *
+  // leaky_relu'(z) in place of ds), with the grad_out rows: no a_dst, a_edge, lse or delta
+  // gathered, no score, no <grad_out, x>.
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct SrcFromRecords : SrcGrads<T, VEC, NV> {
     using A = accum_t<T>;
@@ -299,13 +292,8 @@ struct Gatv2Score : GatFamily {
   static constexpr bool kHeavy = true;
   // The src pass would gather x_dst (and edge_feat) rows again for m; where memory allows, the dst
   // pass records alpha, ds and the signs of m instead (a bit per element, a byte per vector), and
-  // the src pass (SrcFromRecords) gathers only grad_out rows and recomputes nothing.
-  static constexpr bool kSrcFromRecords = true;
-  template <typename A>
-  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
-    return static_cast<EdgeRecord<A>*>(a.src_state);
-  }
-  // Bytes of m's signs per (edge, head): one per vector of vec elements.
+  // the src pass (SrcFromRecords) gathers only grad_out rows and recomputes nothing. The signs take
+  // a byte per (edge, head) and vector of vec elements.
   static int64_t src_state_width(const Inputs& in, int vec) { return in.dim / vec; }
   template <typename A>
   __device__ static uint8_t* signs(const BackwardArgs& a) {

@@ -36,7 +36,7 @@ __device__ __forceinline__ void store_grad_scalar(const WorkUnit& w, void* part,
 }
 
 // ---- graph attention ----------------------------------------------------------------------------
-struct DotScore {
+struct DotScore : RecordsPolicy {
   using Inputs = AttentionInputs;
   using ForwardArgs = AttentionForwardArgs;
   using BackwardArgs = AttentionBackwardArgs;
@@ -50,15 +50,6 @@ struct DotScore {
 
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
-  // Where memory allows, the dst pass records each (edge, head)'s alpha and ds, and the src pass
-  // (SrcFromRecords) reads them with the q and grad_out rows it needs anyway: no k, v or edge_feat
-  // rows, no score, no dot products.
-  static constexpr bool kSrcFromRecords = true;
-  template <typename A>
-  __host__ __device__ static EdgeRecord<A>* records(const BackwardArgs& a) {
-    return static_cast<EdgeRecord<A>*>(a.src_state);
-  }
-  static int64_t src_state_width(const Inputs&, int) { return 0; }  // the records alone
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // One edge for float32 rows of two vectors a lane: more would spill.
@@ -227,8 +218,8 @@ struct DotScore {
     }
   };
 
-  // The src pass from the dst pass's records: q and grad_out rows alone (dk and dv need neither the
-  // source's rows nor the edge's features).
+  // The src pass from the dst pass's records (alpha and ds, where memory allows): the q and
+  // grad_out rows it needs anyway, and no k, v or edge_feat rows, no score, no dot products.
   template <typename T, int VEC, int NV, bool kEdge, int B>
   struct SrcFromRecords : KvGrads<T, VEC, NV, B> {
     using Base = KvGrads<T, VEC, NV, B>;
