@@ -479,11 +479,8 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   const A* lse_in = static_cast<const A*>(a.lse);
   A* delta_out = static_cast<A*>(a.delta);
   T* edge_grads = Dst::edge_grads(a);
-  // The records' pointer is read from the arguments where it is used, not held through the walk.
-  const auto records = [&a]() -> EdgeRecord<A>* {
-    if constexpr (Score::kSrcFromRecords) return Score::template records<A>(a);
-    return nullptr;
-  };
+  EdgeRecord<A>* records = nullptr;
+  if constexpr (Score::kSrcFromRecords) records = Score::template records<A>(a);
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
@@ -516,15 +513,15 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
             const int64_t edge_head = int64_t{e[j].edge} * heads + h;
             if (e[j].other < 0 || alpha == A(0)) {
               if (edge_row != nullptr) side.zero_edge_grad(edge_row, t);
-              if (records() != nullptr && e[j].other >= 0 && t.lane == 0) records()[edge_head] = {A(0), A(0)};
+              if (records != nullptr && e[j].other >= 0 && t.lane == 0) records[edge_head] = {A(0), A(0)};
               continue;
             }
             const A dp = t.sum(side.value_dot(dout, j, t));
             const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * keep - delta);
             if constexpr (Score::kSrcFromRecords) {
-              if (records() != nullptr) {
-                if (t.lane == 0) records()[edge_head] = {alpha, side.recorded(j, ds)};
+              if (records != nullptr) {
+                if (t.lane == 0) records[edge_head] = {alpha, side.recorded(j, ds)};
                 side.store_src_state(a, edge_head, j, t);
               }
             }
