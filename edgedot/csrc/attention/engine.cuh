@@ -279,7 +279,8 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   Inputs, ForwardArgs, BackwardArgs: its argument structs (edgedot.h); num_dst, num_src, dim_v
 //     (the value rows' width), team_dim (the widest row a team holds) and has_edge of its inputs;
 //     vectorizable<T>(args): whether every row of a pass moves as 16-byte vectors;
-//   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows;
+//   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows; kDstLight<T, NV,
+//     kEdge>: whether its dst pass runs at the light budget all the same;
 //   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
 //   Dst<T, VEC, NV, kEdge, B>: a destination's side of its edges' scores (forward and dst pass):
 //     begin(in, t, n, h); load<Loads>(in, t, edges, h) (which rows, in which order: RowLoads);
@@ -320,6 +321,10 @@ constexpr int kEdgeBatch =
 
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
+// The dst pass's: the light budget where a heavy policy's kDstLight says its batch there fits it.
+template <class Score, typename T, int NV, bool kEdge>
+constexpr int kDstBlocksPerSM =
+    kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::template kDstLight<T, NV, kEdge>>;
 // A src pass from records holds no score rows: the light budget.
 template <class Score, typename T, int NV, bool kEdge, bool kRecords>
 constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !kRecords>;
@@ -464,7 +469,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
 // source is out of range adds nothing, and its edge gradient is zero. A chunk of a long row writes
 // its partial gradients to its slot.
 template <class Score, typename T, int VEC, int NV, bool kEdge>
-__global__ void __launch_bounds__(kBlockThreads, kScoreBlocksPerSM<Score, T, NV, kEdge>)
+__global__ void __launch_bounds__(kBlockThreads, kDstBlocksPerSM<Score, T, NV, kEdge>)
 attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   using A = accum_t<T>;
   constexpr int B = Score::template kDstBatch<T, NV, kEdge>;

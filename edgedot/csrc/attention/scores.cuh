@@ -51,6 +51,8 @@ struct DotScore : RecordsPolicy {
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
   template <typename T, int NV, bool kEdge>
+  static constexpr bool kDstLight = false;
+  template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // One edge for float32 rows of two vectors a lane: more would spill.
   template <typename T, int NV, bool kEdge>
