@@ -311,8 +311,9 @@ enum class RowLoads { kScores, kScoresThenValues, kEdgeByEdge };
 // vectors a lane, 1 for double. Edges in flight per team: each lane loads the rows of this many
 // edges before it adds any (the gather is latency-bound): 4 for float, 3 for half types at 3 blocks
 // per SM, 2 for double, fewer for more vectors a lane. Heavy scores on half types: 2 in the forward
-// (GATv2 at bf16: 78 registers, so 3 blocks a SM run), 4 in the backward passes (at 2 blocks a SM
-// either way; with 2 they held too few bytes in flight: DRAM 25-42% busy at products size).
+// (GATv2 at bf16: 78 registers, so 3 blocks a SM run), 4 in the backward passes (at 2 blocks a SM;
+// with 2 they held too few bytes in flight: DRAM 25-42% busy at products size), unless the policy
+// says otherwise (kDstLight: GATv2's dst pass takes 3 at 3 blocks a SM).
 template <typename T, int NV, bool kHeavy>
 constexpr int kBlocksPerSM = sizeof(T) == 8 ? 1 : kHeavy || NV == 8 ? 2 : 3;
 template <typename T, int NV, bool kHeavy, bool kBackward = false>
