@@ -279,8 +279,9 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   Inputs, ForwardArgs, BackwardArgs: its argument structs (edgedot.h); num_dst, num_src, dim_v
 //     (the value rows' width), team_dim (the widest row a team holds) and has_edge of its inputs;
 //     vectorizable<T>(args): whether every row of a pass moves as 16-byte vectors;
-//   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows; kDstLight<T, NV,
-//     kEdge>: whether its dst pass runs at the light budget all the same;
+//   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows; kForwardLight,
+//     kDstLight <T, NV, kEdge>: whether its forward, its dst pass, runs at the light budget all the
+//     same;
 //   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
 //   Dst<T, VEC, NV, kEdge, B>: a destination's side of its edges' scores (forward and dst pass):
 //     begin(in, t, n, h); load<Loads>(in, t, edges, h) (which rows, in which order: RowLoads);
@@ -310,19 +311,21 @@ enum class RowLoads { kScores, kScoresThenValues, kEdgeByEdge };
 // Blocks per SM the passes are built for: 3 (80 registers a thread), 2 (128) for heavy scores or 8
 // vectors a lane, 1 for double. Edges in flight per team: each lane loads the rows of this many
 // edges before it adds any (the gather is latency-bound): 4 for float, 3 for half types at 3 blocks
-// per SM, 2 for double, fewer for more vectors a lane. Heavy scores on half types: 2 in the forward
-// (GATv2 at bf16: 78 registers, so 3 blocks a SM run), 4 in the backward passes (at 2 blocks a SM;
-// with 2 they held too few bytes in flight: DRAM 25-42% busy at products size), unless the policy
-// says otherwise (kDstLight: GATv2's dst pass takes 3 at 3 blocks a SM).
+// per SM, 2 for double, fewer for more vectors a lane. Heavy scores on half types: 2 in the forward,
+// 4 in the backward passes (at 2 blocks a SM; with 2 they held too few bytes in flight: DRAM 25-42%
+// busy at products size), unless the policy says otherwise (kForwardLight, kDstLight: GATv2 takes 3
+// at 3 blocks a SM where its rows are one vector a lane).
 template <typename T, int NV, bool kHeavy>
 constexpr int kBlocksPerSM = sizeof(T) == 8 ? 1 : kHeavy || NV == 8 ? 2 : 3;
 template <typename T, int NV, bool kHeavy, bool kBackward = false>
 constexpr int kEdgeBatch =
     std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 ? 2 : kHeavy ? (kBackward ? 4 : 2) : 3) / NV);
 
+// The forward's, and the dst pass's: the light budget where a heavy policy's kForwardLight,
+// kDstLight says its batch there fits it.
 template <class Score, typename T, int NV, bool kEdge>
-constexpr int kScoreBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
-// The dst pass's: the light budget where a heavy policy's kDstLight says its batch there fits it.
+constexpr int kScoreBlocksPerSM =
+    kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::template kForwardLight<T, NV, kEdge>>;
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kDstBlocksPerSM =
     kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::template kDstLight<T, NV, kEdge>>;
