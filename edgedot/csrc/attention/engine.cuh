@@ -296,8 +296,8 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
 //     memory: then Src recomputes them) instead of recomputing them (RecordsPolicy gives the flag,
 //     records and src_state_width, the bytes handed besides the records); Dst::recorded(j, ds) is the
-//     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) writes whatever
-//     else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's batch, and
+//     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) (after
+//     add_grads of edge j) writes whatever else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's batch, and
 //     SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
@@ -528,13 +528,13 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
             const A dp = t.sum(side.value_dot(dout, j, t));
             const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
             const A ds = alpha * (dp * keep - delta);
+            side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
             if constexpr (Score::kSrcFromRecords) {
               if (records != nullptr) {
                 if (t.lane == 0) records[edge_head] = {alpha, side.recorded(j, ds)};
                 side.store_src_state(a, edge_head, j, t);
               }
             }
-            side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
           }
         });
     side.store_grads(a, w, unit, t);

@@ -277,15 +277,11 @@ __device__ __forceinline__ accum_t<T> gatv2_lane_score(const LaneRow<T, VEC, NV>
   return acc;
 }
 
-// dm = ds * att * leaky_relu'(m) for one element, from m or from whether m > 0.
+// ds * leaky_relu'(m) of one element, from whether m > 0, with ds_slope = ds * slope computed once
+// an edge: dm = att * it and datt's term = it * m, a select and two fused multiply-adds an element.
 template <typename A>
-__device__ __forceinline__ A gatv2_dm_of_sign(A ds, A att, bool positive, A slope) {
-  return ds * (att * (positive ? A(1) : slope));
-}
-
-template <typename A>
-__device__ __forceinline__ A gatv2_dm(A ds, A att, A m, A slope) {
-  return gatv2_dm_of_sign(ds, att, m > A(0), slope);
+__device__ __forceinline__ A gatv2_ds_of_sign(A ds, A ds_slope, bool positive) {
+  return positive ? ds : ds_slope;
 }
 
 struct Gatv2Score : GatFamily {
@@ -328,6 +324,7 @@ struct Gatv2Score : GatFamily {
     const A slope;
     LaneRow<T, VEC, NV> xd, att, dxd, datt;
     RawRow<T, VEC, NV> xr[B], er[B];
+    unsigned positive[NV];  // bit c of vector u: element c of the last edge's m > 0
 
     __device__ __forceinline__ explicit Dst(const Inputs& in)
         : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
@@ -370,35 +367,39 @@ struct Gatv2Score : GatFamily {
       store_zero_row<T, VEC, NV>(row, t, vecs);
     }
     // dm = ds * att * leaky_relu'(m): dx_dst += dm, d_edge_feat = dm; datt += ds * leaky_relu(m).
+    // Keeps the signs of m for store_src_state.
     __device__ __forceinline__ void add_grads(int j, A ds, A, const LaneRow<T, VEC, NV>&, T* edge_row,
                                               const Team& t) {
+      const A ds_slope = ds * slope;
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
         if (!lane_has<NV>(t, vecs, u)) continue;
         Vec<T, VEC> dm_out;
+        unsigned bits = 0;
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
           const A m = gatv2_m<A>(xr[j], xd, er[j], kEdge, u, c);
-          const A dm = gatv2_dm(ds, att.at(u, c), m, slope);
-          dxd.x[u][c] += dm;
-          datt.x[u][c] = fma_accum(ds, leaky_relu(m, slope), datt.x[u][c]);
-          dm_out.v[c] = from_accum<T>(dm);
+          const A g = gatv2_ds_of_sign(ds, ds_slope, m > A(0));
+          dxd.x[u][c] = fma_accum(att.at(u, c), g, dxd.x[u][c]);
+          datt.x[u][c] = fma_accum(g, m, datt.x[u][c]);
+          bits |= (m > A(0) ? 1u : 0u) << c;
+          if constexpr (kEdge) dm_out.v[c] = from_accum<T>(att.at(u, c) * g);
         }
-        if (edge_row != nullptr) *reinterpret_cast<Vec<T, VEC>*>(edge_row + (t.lane + u * t.group) * VEC) = dm_out;
+        positive[u] = bits;
+        if constexpr (kEdge) {
+          if (edge_row != nullptr) *reinterpret_cast<Vec<T, VEC>*>(edge_row + (t.lane + u * t.group) * VEC) = dm_out;
+        }
       }
     }
     __device__ __forceinline__ A recorded(int, A ds) const { return ds; }
-    // The signs of edge j's m, a byte per vector (bit c: element c > 0), for the src pass.
-    __device__ __forceinline__ void store_src_state(const BackwardArgs& a, int64_t edge_head, int j,
+    // The signs of the last edge add_grads took, a byte per vector (bit c: element c of m > 0), for
+    // the src pass.
+    __device__ __forceinline__ void store_src_state(const BackwardArgs& a, int64_t edge_head, int,
                                                     const Team& t) const {
       uint8_t* row = signs<A>(a) + edge_head * vecs;
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
-        if (!lane_has<NV>(t, vecs, u)) continue;
-        unsigned bits = 0;
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) bits |= (gatv2_m<A>(xr[j], xd, er[j], kEdge, u, c) > A(0) ? 1u : 0u) << c;
-        row[t.lane + u * t.group] = static_cast<uint8_t>(bits);
+        if (lane_has<NV>(t, vecs, u)) row[t.lane + u * t.group] = static_cast<uint8_t>(positive[u]);
       }
     }
     // datt_rows: each destination's share of datt (accumulation type), summed afterwards.
@@ -434,14 +435,14 @@ struct Gatv2Score : GatFamily {
     template <typename Positive>
     __device__ __forceinline__ void add_dx(A ds, A alpha_keep, const RawRow<T, VEC, NV>& gr, const Team& t,
                                            Positive&& positive) {
+      const A ds_slope = ds * slope;
 #pragma unroll
       for (int u = 0; u < NV; ++u) {
         if (!lane_has<NV>(t, vecs, u)) continue;
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
-          A d = fma_accum(alpha_keep, gr.at(u, c), dx.x[u][c]);
-          d += gatv2_dm_of_sign(ds, att.at(u, c), positive(u, c), slope);
-          dx.x[u][c] = d;
+          const A d = fma_accum(alpha_keep, gr.at(u, c), dx.x[u][c]);
+          dx.x[u][c] = fma_accum(att.at(u, c), gatv2_ds_of_sign(ds, ds_slope, positive(u, c)), d);
         }
       }
     }

@@ -187,7 +187,7 @@ struct AttentionGrouping {
 // results stay bitwise reproducible). first_chunk[r] = slots of the long rows before r,
 // first_chunk[num_rows] = all slots (at most max_slots); long_rows[0 .. *num_long) lists the long
 // rows in ascending order.
-// row_order (null: rows in order) lists the rows by descending degree class (csrc/attention/schedule.cu),
+// row_order (null: rows in order) lists the rows by descending degree (csrc/attention/schedule.cu),
 // in which order the kernels take them after the chunks: the teams of a warp then walk rows of
 // similar length, and the longest go first (less idle time at the end).
 struct RowChunks {
@@ -286,8 +286,8 @@ cudaError_t launch_attention_schedule(const int64_t* offsets, int64_t num_rows, 
 // Whether a grouping is worth row_order: graphs of fewer edge-heads run in about the time of the
 // launches that would build it.
 inline bool attention_orders_rows(int64_t num_edges, int64_t heads) { return num_edges * heads >= (int64_t{1} << 22); }
-// row_order of RowChunks: rows sorted by descending degree class (0 for no edges or a long row, else
-// 1 + floor(log2(degree))), stably, so rows of one class keep their order. keys holds 2 * num_rows
+// row_order of RowChunks: rows sorted by descending degree key (0 for no edges or a long row, else
+// the degree up to 239, then 240 + floor(log2(degree))), stably, so rows of one key keep their order. keys holds 2 * num_rows
 // bytes, rows num_rows int32, temp attention_row_order_temp_bytes(num_rows) bytes.
 size_t attention_row_order_temp_bytes(int64_t num_rows);
 cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
