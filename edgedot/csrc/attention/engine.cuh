@@ -296,9 +296,9 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
 //     memory: then Src recomputes them) instead of recomputing them (RecordsPolicy gives the flag,
 //     records and src_state_width, the bytes handed besides the records); Dst::recorded(j, ds) is the
-//     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) (after
-//     add_grads of edge j) writes whatever else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's batch, and
-//     SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.
+//     record's second value, Dst::store_src_state(args, edge * heads + h, j, t) (after add_grads of
+//     edge j) writes whatever else the src pass needs of edge j, kRecordsBatch<T, NV> is that pass's
+//     batch, and SrcFromRecords (load takes the BackwardArgs; no score or value_dot) reads it.
 // Every pass computes a score with the same operations in the same order and the same team shape,
 // so the backward's alpha = exp(score - lse) is the forward's softmax.
 

@@ -277,8 +277,8 @@ __device__ __forceinline__ accum_t<T> gatv2_lane_score(const LaneRow<T, VEC, NV>
   return acc;
 }
 
-// ds * leaky_relu'(m) of one element, from whether m > 0, with ds_slope = ds * slope computed once
-// an edge: dm = att * it and datt's term = it * m, a select and two fused multiply-adds an element.
+// ds * leaky_relu'(m) of one element by the sign of m: ds, or ds_slope = ds * slope (computed once an
+// edge). dm = att * it and datt's term it * m then take a select and two fused multiply-adds.
 template <typename A>
 __device__ __forceinline__ A gatv2_ds_of_sign(A ds, A ds_slope, bool positive) {
   return positive ? ds : ds_slope;

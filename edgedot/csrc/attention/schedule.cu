@@ -86,9 +86,8 @@ __global__ void row_key_kernel(RowEdges edges, int64_t chunk, uint8_t* keys, int
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = edges(r);
     // d <= chunk <= 4096 outside long rows: keys up to 240 + 12 fit a byte.
-    const int64_t key = d == 0 || is_long_row(d, chunk) ? 0
-                        : d < kExactDegrees             ? d
-                                                        : kExactDegrees + 63 - __clzll(static_cast<unsigned long long>(d));
+    const int64_t log2_d = 63 - __clzll(static_cast<unsigned long long>(d));
+    const int64_t key = d == 0 || is_long_row(d, chunk) ? 0 : d < kExactDegrees ? d : kExactDegrees + log2_d;
     keys[r] = static_cast<uint8_t>(key);
     rows[r] = static_cast<int32_t>(r);
   }
@@ -117,7 +116,7 @@ cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows,
   if (num_rows == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((num_rows + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
   row_key_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(RowEdges{offsets, num_rows, num_edges}, chunk,
-                                                                       keys, rows);
+                                                                     keys, rows);
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   return sort_rows(keys, rows, row_order, num_rows, temp, temp_bytes, stream);

@@ -287,8 +287,9 @@ cudaError_t launch_attention_schedule(const int64_t* offsets, int64_t num_rows, 
 // launches that would build it.
 inline bool attention_orders_rows(int64_t num_edges, int64_t heads) { return num_edges * heads >= (int64_t{1} << 22); }
 // row_order of RowChunks: rows sorted by descending degree key (0 for no edges or a long row, else
-// the degree up to 239, then 240 + floor(log2(degree))), stably, so rows of one key keep their order. keys holds 2 * num_rows
-// bytes, rows num_rows int32, temp attention_row_order_temp_bytes(num_rows) bytes.
+// the degree up to 239, then 240 + floor(log2(degree))), stably: rows of one key keep their order.
+// keys holds 2 * num_rows bytes, rows num_rows int32, temp attention_row_order_temp_bytes(num_rows)
+// bytes.
 size_t attention_row_order_temp_bytes(int64_t num_rows);
 cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
                                        uint8_t* keys, int32_t* rows, int32_t* row_order, void* temp,
