@@ -351,23 +351,24 @@ def test_dropout_keep_hash(seed, offset, p):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("count,num_rows", [(300, 40), (9000, 5000), (9000, 30000), (40000, 7000), (0, 5)])
-@pytest.mark.parametrize("width", [(1,), (4, 2), (16,), (17,), (4, 16)], ids=str)
+@pytest.mark.parametrize("width", [(1,), (4, 2), (16,), (17,), (4, 16), (2, 128)], ids=str)
 def test_row_sums_in_edge_order(width, count, num_rows, dtype):
-    """The CPU path's sums of rows (one row at a time, flat elements, or a sparse product, by the
-    rows' width and count): index_add_'s sums against float64, the same bits on every run, and
-    nothing added to rows without edges."""
+    """The CPU path's sums of rows (one row at a time, flat elements, a scatter by an int64 index,
+    or a sparse product, by the rows' width and count and the index's dtype): index_add_'s sums
+    against float64, the same bits on every run and by either index dtype, and nothing added to
+    rows without edges."""
     g = gen(5)
     idx = torch.randint(num_rows - 1, (count,), generator=g, dtype=torch.int32)
     rows = torch.randn((count,) + width, generator=g, dtype=dtype)
     start = torch.randn((num_rows,) + width, generator=g, dtype=dtype)
     runs = []
-    for _ in range(2):
+    for index in (idx, idx.long(), idx):
         out = start.clone()
-        sums = cpu_attention.RowSums(idx)
+        sums = cpu_attention.RowSums(index)
         sums.add(out, rows)
         sums.add(out, rows)  # a second sum by the same index reuses its matrix
         runs.append(out)
-    assert torch.equal(runs[0], runs[1])
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
     want = start.double().index_add_(0, idx, rows.double()).index_add_(0, idx, rows.double())
     assert rel_error(runs[0], want) <= (1e-6 if dtype == torch.float32 else 1e-14)
     assert torch.equal(runs[0][-1], start[-1])

@@ -88,8 +88,11 @@ def _kept(alpha, key, start, stop, p):
 # int64 index: index_add_ then runs scatter_add_, whose CPU kernel adds each column's elements in
 # index order (the same bits) in one loop, split between threads only beyond 32768 elements
 # (PyTorch's grain size): 250 rows of 4 floats, 12.4 us by rows, 3.7 us so; 13264 rows of 2, 552
-# against 38 (flat: 56).
+# against 38 (flat: 56). So are rows of up to SCATTER_ROW_ELEMENTS where the index is int64 already
+# (250 rows of 128 floats: 36 us by rows, 21 so; 64 rows of 512: 10 against 21; converting an int32
+# index to int64, about 5 us, would eat the gain of a few rows).
 NARROW_ROW_ELEMENTS = 16
+SCATTER_ROW_ELEMENTS = 256
 SERIAL_ELEMENTS = 1 << 15
 FLAT_ROW_ELEMENTS = 16
 FLAT_MIN_ROWS = 512
@@ -100,27 +103,31 @@ _RADIX_SORT_ELEMENTS = 1 << 15
 
 
 class RowSums:
-    """Sums of a chunk's per-edge rows into the rows of tables by one int32 index ``idx``:
-    :meth:`add` is ``out.index_add_(0, idx, rows)``, each row of ``out`` adding its edges in edge
-    order (deterministic). The sparse matrix of the index and its int64 copy are built once, for
-    the first sum that takes them, and serve the chunk's other sums by the same index; ``idx_long``:
-    that copy where the caller has it."""
+    """Sums of a chunk's per-edge rows into the rows of tables by one index ``idx`` (int32 or int64,
+    as the edges came): :meth:`add` is ``out.index_add_(0, idx, rows)``, each row of ``out`` adding
+    its edges in edge order (deterministic). The index in the other dtype and its sparse matrix
+    are built once, for the first sum that takes them, and serve the chunk's other sums by the
+    same index."""
 
-    def __init__(self, idx, idx_long=None):
+    def __init__(self, idx):
         self.idx = idx
-        self._idx_long = idx_long
+        self._converted = None
         self._matrix = None
 
-    def _long(self):
-        if self._idx_long is None:
-            self._idx_long = self.idx.long()
-        return self._idx_long
+    def index(self, dtype):
+        """``idx`` as ``dtype`` (int32 or int64), converted at most once."""
+        if self.idx.dtype == dtype:
+            return self.idx
+        if self._converted is None:
+            self._converted = self.idx.to(dtype)
+        return self._converted
 
     def _sparse(self, num_rows, dtype):
         """The ``[num_rows, len(idx)]`` CSR matrix with a 1 at ``(idx[i], i)``, each row's entries
         in the order of ``i``."""
         if self._matrix is None or self._matrix.shape[0] != num_rows or self._matrix.dtype != dtype:
-            idx, count = self.idx, self.idx.shape[0]
+            idx = self.index(torch.int32)
+            count = idx.shape[0]
             keys = idx
             if count < _RADIX_SORT_ELEMENTS:  # padding keys (num_rows) sort last, and are dropped
                 keys = torch.cat([idx, idx.new_full((_RADIX_SORT_ELEMENTS - count,), num_rows)])
@@ -135,20 +142,20 @@ class RowSums:
 
     def add(self, out, rows):
         """``out.index_add_(0, idx, rows)`` for a contiguous ``out``, in edge order."""
-        idx = self.idx
-        count, num_rows = idx.shape[0], out.shape[0]
+        count, num_rows = self.idx.shape[0], out.shape[0]
         width = out.numel() // num_rows if out.dim() > 1 and num_rows > 0 else 0
         if width == 0 or not out.is_contiguous() or out.numel() >= 2**31:
-            out.index_add_(0, idx, rows)
-        elif width < NARROW_ROW_ELEMENTS and count * width <= SERIAL_ELEMENTS:
-            out.index_add_(0, self._long(), rows)
+            out.index_add_(0, self.index(torch.int32), rows)
+        elif count * width <= SERIAL_ELEMENTS and (width < NARROW_ROW_ELEMENTS or (
+                width <= SCATTER_ROW_ELEMENTS and self.idx.dtype == torch.int64)):
+            out.index_add_(0, self.index(torch.int64), rows)
         elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
-            flat = (idx[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
+            flat = (self.index(torch.int32)[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
             out.view(-1).index_add_(0, flat, rows.reshape(-1))
         elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows:
             out.view(num_rows, width).addmm_(self._sparse(num_rows, rows.dtype), rows.reshape(count, width))
         else:
-            out.index_add_(0, idx, rows)
+            out.index_add_(0, self.index(torch.int32), rows)
 
 
 def _gather(table, idx, acc):
@@ -187,7 +194,7 @@ def one_chunk(num_edges, heads, width):
 
 class EdgeSoftmax(NamedTuple):
     """The softmax over every edge at once (:func:`edge_softmax`), as the backward takes it."""
-    src: torch.Tensor  # the int32 rows of the edges
+    src: torch.Tensor  # the edges' indices, as given
     dst: torch.Tensor
     alpha: torch.Tensor  # [E, H], in the accumulation dtype
     dropped: torch.Tensor  # alpha after dropout
@@ -196,30 +203,24 @@ class EdgeSoftmax(NamedTuple):
     to_dst: RowSums  # sums into the destinations' rows
 
 
-def edge_rows(idx):
-    """The rows of every edge, int32 (see :func:`_rows`)."""
-    return in_dtype(idx, torch.int32)
-
-
-def edge_softmax(scores, src, dst, dst_idx, num_dst, dropout_p, key):
+def edge_softmax(scores, src_idx, dst_idx, num_dst, dropout_p, key):
     """The softmax of ``scores`` ``[E, H]`` (accumulation dtype) over each destination's edges,
-    every edge at once: ``(lse [num_dst, H], EdgeSoftmax)``, ``src`` and ``dst`` the edges' int32
-    rows (:func:`edge_rows`), ``dst_idx`` the destination index as given. The operations of
-    :func:`softmax_forward`'s passes, so ``alpha`` has its bits."""
+    every edge at once: ``(lse [num_dst, H], EdgeSoftmax)``, the indices as given (int32 or int64:
+    :class:`RowSums` takes either). The operations of :func:`softmax_forward`'s passes, so
+    ``alpha`` has its bits."""
     heads = scores.shape[1]
     top = torch.full((num_dst, heads), float("-inf"), dtype=scores.dtype)
-    index = dst_idx if dst_idx.dtype == torch.int64 else dst.long()
-    top.scatter_reduce_(0, index[:, None].expand(-1, heads), scores, "amax")
-    weight = torch.exp(scores - top.index_select(0, dst))
-    to_dst = RowSums(dst, index)
+    to_dst = RowSums(dst_idx)
+    top.scatter_reduce_(0, to_dst.index(torch.int64)[:, None].expand(-1, heads), scores, "amax")
+    weight = torch.exp(scores - top.index_select(0, dst_idx))
     total = torch.zeros((num_dst, heads), dtype=scores.dtype)
     to_dst.add(total, weight)
     # An edge's node has a total of at least 1 (its top edge adds exp(0)) or NaN (amax keeps NaN):
     # dividing by it is dividing by softmax_forward's divisor, without the where.
-    alpha = weight.div_(total.index_select(0, dst))
+    alpha = weight.div_(total.index_select(0, dst_idx))
     lse = top + torch.log(total)
-    mask = _mask(key, 0, src.shape[0], heads, dropout_p)
-    return lse, EdgeSoftmax(src, dst, alpha, _dropped(alpha, mask, dropout_p), mask, dropout_p, to_dst)
+    mask = _mask(key, 0, src_idx.shape[0], heads, dropout_p)
+    return lse, EdgeSoftmax(src_idx, dst_idx, alpha, _dropped(alpha, mask, dropout_p), mask, dropout_p, to_dst)
 
 
 def weighted_sum(softmax, values, num_dst, dtype):
@@ -330,12 +331,11 @@ class AttentionEdges(NamedTuple):
 def _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key):
     """The one-chunk forward's ``(lse, AttentionEdges)``."""
     acc = acc_dtype(q.dtype)
-    src, dst = edge_rows(src_idx), edge_rows(dst_idx)
-    queries, keys, values = _gather(q, dst, acc), _gather(k, src, acc), _gather(v, src, acc)
+    queries, keys, values = _gather(q, dst_idx, acc), _gather(k, src_idx, acc), _gather(v, src_idx, acc)
     if edge_feat is not None:
         feat = in_dtype(edge_feat, acc)
         keys, values = keys + feat, values + feat
-    lse, softmax = edge_softmax(scale * (queries * keys).sum(-1), src, dst, dst_idx, q.shape[0], dropout_p, key)
+    lse, softmax = edge_softmax(scale * (queries * keys).sum(-1), src_idx, dst_idx, q.shape[0], dropout_p, key)
     return lse, AttentionEdges(softmax, queries, keys, values)
 
 

@@ -9,8 +9,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .attention import (EdgeSoftmax, RowSums, _gather, acc_dtype, edge_rows, edge_softmax, edge_softmax_grads,
-                        in_dtype, one_chunk, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
+from .attention import (EdgeSoftmax, RowSums, _gather, acc_dtype, edge_softmax, edge_softmax_grads, in_dtype,
+                        one_chunk, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
 
 
 def _leaky_relu(z, slope):
@@ -76,24 +76,22 @@ class Gatv2Edges(NamedTuple):
 def _gat_edges(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key):
     """The one-chunk GAT forward's ``(lse, GatEdges)``."""
     acc = acc_dtype(x.dtype)
-    src, dst = edge_rows(src_idx), edge_rows(dst_idx)
-    scores, z = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)(0, src.shape[0], src, dst)
-    lse, softmax = edge_softmax(scores, src, dst, dst_idx, a_dst.shape[0], dropout_p, key)
-    return lse, GatEdges(softmax, z, _gather(x, src, acc))
+    scores, z = _gat_score(a_src, a_dst, a_edge, negative_slope, acc)(0, src_idx.shape[0], src_idx, dst_idx)
+    lse, softmax = edge_softmax(scores, src_idx, dst_idx, a_dst.shape[0], dropout_p, key)
+    return lse, GatEdges(softmax, z, _gather(x, src_idx, acc))
 
 
 def _gatv2_edges(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, key):
     """The one-chunk GATv2 forward's ``(lse, Gatv2Edges)``: the source rows gathered once, for
     the scores and as the values."""
     acc = acc_dtype(x_src.dtype)
-    src, dst = edge_rows(src_idx), edge_rows(dst_idx)
-    values = _gather(x_src, src, acc)
-    m = values + _gather(x_dst, dst, acc)
+    values = _gather(x_src, src_idx, acc)
+    m = values + _gather(x_dst, dst_idx, acc)
     if edge_feat is not None:
         m += in_dtype(edge_feat, acc)
     act = _leaky_relu(m, negative_slope)
-    lse, softmax = edge_softmax((act * in_dtype(att, acc).contiguous()).sum(-1), src, dst, dst_idx,
-                                x_dst.shape[0], dropout_p, key)
+    lse, softmax = edge_softmax((act * in_dtype(att, acc).contiguous()).sum(-1), src_idx, dst_idx, x_dst.shape[0],
+                                dropout_p, key)
     return lse, Gatv2Edges(softmax, m, act, values)
 
 
