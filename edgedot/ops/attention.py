@@ -354,7 +354,9 @@ def backward_groupings(dst_group, dst_offsets, src_group, src_offsets, src_idx, 
 def draw_cpu(like, dropout_p, generator):
     """A CPU forward's ``(rng_state, key)``: a state drawn from ``generator`` where ``dropout_p``
     is positive, else the empty state of ``like``'s device."""
-    rng_state = dropout.draw_cpu(generator) if dropout_p > 0 else dropout.no_state(like)
+    if dropout_p == 0:
+        return dropout.no_state(like), 0
+    rng_state = dropout.draw_cpu(generator)
     return rng_state, dropout.recorded_key(rng_state, dropout_p)
 
 
@@ -476,10 +478,9 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
     edge_feat_grad, kv_grad = bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V])
     kept = eager.take_kept(ctx)
     if kept is not None:
-        with torch.no_grad():  # as the op: no graph of the gradients, whatever create_graph says
-            dq, dk, dv, d_edge_feat = _backward_on_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx,
-                                                       ctx.score_arg, ctx.dropout_p, rng_state, edge_feat_grad,
-                                                       kv_grad, kept=kept)
+        dq, dk, dv, d_edge_feat = eager.without_grad(_backward_on_cpu, grad_out, q, k, v, edge_feat, out, lse,
+                                                     src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state,
+                                                     edge_feat_grad, kv_grad, kept=kept)
     else:
         dq, dk, dv, d_edge_feat = graph_attention_backward_op(
             grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,

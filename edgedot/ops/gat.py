@@ -473,14 +473,15 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
         edge_grad, src_grad = bool(needs[3]), any(needs[i] for i in source_inputs)
         kept = eager.take_kept(ctx)
         if kept is not None:
-            with torch.no_grad():  # as the op: no graph of the gradients, whatever create_graph says
-                grads = _backward_on_cpu(getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge, out, lse,
-                                         src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad,
-                                         src_grad, kept)
+            grads = eager.without_grad(_backward_on_cpu, getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge,
+                                       out, lse, src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad,
+                                       src_grad, kept)
         else:
             grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                                 src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad)
-        return tuple(g if need else None for g, need in zip(grads, needs[:4])) + (None,) * (_NUM_INPUTS - 4)
+        d_feat, d_a, d_b, d_edge = grads
+        return (d_feat if needs[0] else None, d_a if needs[1] else None, d_b if needs[2] else None,
+                d_edge if needs[3] else None) + (None,) * (_NUM_INPUTS - 4)
     return backward
 
 
