@@ -382,7 +382,7 @@ struct Gatv2Score : GatFamily {
           const A g = gatv2_ds_of_sign(ds, ds_slope, m > A(0));
           dxd.x[u][c] = fma_accum(att.at(u, c), g, dxd.x[u][c]);
           datt.x[u][c] = fma_accum(g, m, datt.x[u][c]);
-          bits |= (m > A(0) ? 1u : 0u) << c;
+          bits |= m > A(0) ? 1u << c : 0u;
           if constexpr (kEdge) dm_out.v[c] = from_accum<T>(att.at(u, c) * g);
         }
         positive[u] = bits;

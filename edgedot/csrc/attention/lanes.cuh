@@ -39,10 +39,22 @@ struct Team {
   }
 
   // Sum over the team. The butterfly gives every lane the same bits (a + b == b + a), so decisions
-  // taken on the result stay uniform across the team.
+  // taken on the result stay uniform across the team. Its rounds are unrolled for each width: as a
+  // runtime loop, each round also paid a shift, a compare and a branch.
   template <typename A>
   __device__ __forceinline__ A sum(A x) const {
-    for (int offset = group >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(mask, x, offset);
+    switch (group) {
+      case 4: return butterfly<4>(x);
+      case 8: return butterfly<8>(x);
+      case 16: return butterfly<16>(x);
+      default: return butterfly<32>(x);  // teams are aligned powers of two from 4 (kAttentionMinTeam)
+    }
+  }
+
+  template <int kLanes, typename A>
+  __device__ __forceinline__ A butterfly(A x) const {
+#pragma unroll
+    for (int offset = kLanes >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(mask, x, offset);
     return x;
   }
 
@@ -55,6 +67,7 @@ struct Team {
 // Fewest lanes of a team: walk_edges gives each edge of a batch to a lane of its own. Lanes beyond
 // a row's vectors add zeros, which leave the team's sums as they are (but for the sign of a zero).
 constexpr int kAttentionMinTeam = 4;
+static_assert(kAttentionMinTeam == 4, "Team::sum unrolls the widths 4 to 32");
 
 // Team shape for rows of `vectors` vectors: lanes per team and vectors per lane (per_lane, a power
 // of two). One vector per lane up to 32, so small heads spread over several lanes and the heads of
