@@ -185,6 +185,47 @@ __device__ __forceinline__ void walk_edges(const AttentionGrouping& g, int64_t n
   }
 }
 
+// The scores of a batch's edges, s[j] (`absent` where e[j].other < 0: past the end, or a row out
+// of range), and with a dot(j) (a lane's part of a dot product of edge j) its team sums dp[j] (0
+// where absent). A policy whose score is a team sum (kTeamScore) gives each lane's part
+// (lane_score(j, t)) and what the sum makes a score (score_of); the others give score(j, t). All of
+// a batch's sums share one set of rounds (Team::sum_each).
+template <class Score, class Side, typename A, int B, typename Dot>
+__device__ __forceinline__ void batch_scores(const Side& side, const Team& t, const GroupedEdge (&e)[B], A absent,
+                                             A (&s)[B], A (&dp)[B], Dot&& dot) {
+  constexpr bool kDots = !std::is_same_v<std::decay_t<Dot>, std::nullptr_t>;
+  constexpr int kScores = Score::kTeamScore ? B : 0;
+  constexpr int kSums = kScores + (kDots ? B : 0);
+  A part[kSums > 0 ? kSums : 1];
+  if constexpr (kSums > 0) {
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const bool ok = e[j].other >= 0;
+      if constexpr (Score::kTeamScore) part[j] = ok ? side.lane_score(j, t) : A(0);
+      if constexpr (kDots) part[kScores + j] = ok ? dot(j) : A(0);
+    }
+    t.sum_each(part);
+  }
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    if constexpr (kDots) dp[j] = part[kScores + j];
+    if (e[j].other < 0) {
+      s[j] = absent;
+    } else if constexpr (Score::kTeamScore) {
+      s[j] = side.score_of(part[j]);
+    } else {
+      s[j] = side.score(j, t);
+    }
+  }
+}
+
+template <class Score, class Side, typename A, int B>
+__device__ __forceinline__ void batch_scores(const Side& side, const Team& t, const GroupedEdge (&e)[B], A absent,
+                                             A (&s)[B]) {
+  A unused[B];
+  batch_scores<Score>(side, t, e, absent, s, unused, nullptr);
+}
+
 // Stores a lane's part of an accumulation-type row (a chunk's partial result).
 template <typename T, int VEC, int NV>
 __device__ __forceinline__ void store_partial(accum_t<T>* row, const Team& t, int vectors,
@@ -283,12 +324,15 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     kDstLight <T, NV, kEdge>: whether its forward, its dst pass, runs at the light budget all the
 //     same;
 //   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
+//   kTeamScore: whether a score is a sum over the team's lanes, of which each side then gives a
+//     lane's part, lane_score(j, t), and what the sum makes a score, score_of(sum); else score(j, t)
+//     (batch_scores);
 //   Dst<T, VEC, NV, kEdge, B>: a destination's side of its edges' scores (forward and dst pass):
 //     begin(in, t, n, h); load<Loads>(in, t, edges, h) (which rows, in which order: RowLoads);
-//     score(j, t); add_value(acc, p, j, t); value_dot(dout, j, t); and the dst pass's gradients:
-//     zero_grads(), edge_grads(args), edge_grad_width(in), zero_edge_grad(row, t),
+//     the score; add_value(acc, p, j, t); value_dot(dout, j, t) (a lane's part); and the dst pass's
+//     gradients: zero_grads(), edge_grads(args), edge_grad_width(in), zero_edge_grad(row, t),
 //     add_grads(j, ds, alpha', dout, edge_row, t), store_grads(args, unit, t);
-//   Src<T, VEC, NV, kEdge, B>: a source's side (src pass): begin, load(in, t, edges, h), score,
+//   Src<T, VEC, NV, kEdge, B>: a source's side (src pass): begin, load(in, t, edges, h), the score,
 //     value_dot(grad_out row, j, t), zero_grads, add_grads(j, ds, alpha', grad_out row, t),
 //     store_grads;
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
@@ -386,11 +430,12 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
           a.dst, in.num_edges, num_src, t, w.row, w.begin, w.end,
           [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kScores>(in, t, e, h); },
           [&](const GroupedEdge (&e)[B], int64_t i) {
+            A s[B];
+            batch_scores<Score>(side, t, e, nan, s);
 #pragma unroll
             for (int j = 0; j < B; ++j) {
-              const A s = e[j].other < 0 ? nan : side.score(j, t);
               if (i + j < w.end && t.lane == (j & (group - 1)) && e[j].edge >= 0) {
-                alpha[e[j].edge * heads + h] = from_accum<T>(w.bad ? nan : accurate_exp(s - lse));
+                alpha[e[j].edge * heads + h] = from_accum<T>(w.bad ? nan : accurate_exp(s[j] - lse));
               }
             }
           });
@@ -419,10 +464,10 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
         [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kScoresThenValues>(in, t, e, h); },
         [&](const GroupedEdge (&e)[B], int64_t i) {
           A s[B];
+          batch_scores<Score>(side, t, e, nan, s);
           A m_new = m;
 #pragma unroll
           for (int j = 0; j < B; ++j) {
-            s[j] = e[j].other < 0 ? nan : side.score(j, t);
             if (i + j < w.end && !(s[j] == s[j])) bad = true;  // also catches NaN from the inputs
             if (s[j] > m_new) m_new = s[j];
           }
@@ -511,13 +556,14 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
         a.dst, in.num_edges, num_src, t, n, w.begin, w.end,
         [&](const GroupedEdge (&e)[B]) { side.template load<RowLoads::kEdgeByEdge>(in, t, e, h); },
         [&](const GroupedEdge (&e)[B], int64_t i) {
+          A s[B], dp[B];
+          batch_scores<Score>(side, t, e, A(0), s, dp, [&](int j) { return side.value_dot(dout, j, t); });
 #pragma unroll
           for (int j = 0; j < B; ++j) {
             if (i + j >= w.end) break;
             T* edge_row = edge_grads != nullptr && e[j].edge >= 0 ? edge_grads + (e[j].edge * heads + h) * edge_width
                                                                   : nullptr;
-            const A s = e[j].other >= 0 ? side.score(j, t) : A(0);
-            const A alpha = accurate_exp(s - lse);
+            const A alpha = accurate_exp(s[j] - lse);
             // The src pass visits an edge only where both its rows are in range (other >= 0).
             const int64_t edge_head = int64_t{e[j].edge} * heads + h;
             if (e[j].other < 0 || alpha == A(0)) {
@@ -525,9 +571,8 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
               if (records != nullptr && e[j].other >= 0 && t.lane == 0) records[edge_head] = {A(0), A(0)};
               continue;
             }
-            const A dp = t.sum(side.value_dot(dout, j, t));
             const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
-            const A ds = alpha * (dp * keep - delta);
+            const A ds = alpha * (dp[j] * keep - delta);
             side.add_grads(j, ds, alpha * keep, dout, edge_row, t);
             if constexpr (Score::kSrcFromRecords) {
               if (records != nullptr) {
@@ -617,14 +662,15 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
             }
           },
           [&](const GroupedEdge (&e)[B], int64_t) {
+            A s[B], dp[B];
+            batch_scores<Score>(side, t, e, A(0), s, dp, [&](int j) { return side.value_dot(gr[j], j, t); });
 #pragma unroll
             for (int j = 0; j < B; ++j) {
               if (e[j].other < 0) continue;  // past the end, or an out-of-range destination: adds nothing
-              const A alpha = accurate_exp(side.score(j, t) - lse[j]);
+              const A alpha = accurate_exp(s[j] - lse[j]);
               if (alpha == A(0)) continue;  // a -inf score adds nothing
-              const A dp = t.sum(side.value_dot(gr[j], j, t));
               const A keep = keep_weight<A>(in.dropout, key, e[j].edge, h, heads);
-              side.add_grads(j, alpha * (dp * keep - delta[j]), alpha * keep, gr[j], t);
+              side.add_grads(j, alpha * (dp[j] * keep - delta[j]), alpha * keep, gr[j], t);
             }
           });
     }

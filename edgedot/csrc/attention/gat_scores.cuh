@@ -70,6 +70,8 @@ struct GatFamily : RecordsPolicy {
 // ---- GAT ----------------------------------------------------------------------------------------
 struct GatScore : GatFamily {
   static bool has_edge(const Inputs& in) { return in.a_edge.data != nullptr; }
+  // A score of per-node scalars: the same on every lane, no sum.
+  static constexpr bool kTeamScore = false;
 
   // Per-edge extras are scalars: the register budget of a light score.
   template <bool kEdge>
@@ -286,6 +288,7 @@ __device__ __forceinline__ A gatv2_ds_of_sign(A ds, A ds_slope, bool positive) {
 
 struct Gatv2Score : GatFamily {
   static bool has_edge(const Inputs& in) { return in.edge_feat.data != nullptr; }
+  static constexpr bool kTeamScore = true;
 
   // x_dst and att rows besides the output row: the register budget of per-edge rows.
   template <bool kEdge>
@@ -345,9 +348,10 @@ struct Gatv2Score : GatFamily {
         }
       }
     }
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return t.sum(gatv2_lane_score(att, xr[j], xd, er[j], kEdge, slope, t, vecs));
+    __device__ __forceinline__ A lane_score(int j, const Team& t) const {
+      return gatv2_lane_score(att, xr[j], xd, er[j], kEdge, slope, t, vecs);
     }
+    __device__ __forceinline__ A score_of(A sum) const { return sum; }
     __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
       add_scaled(acc, p, xr[j], xr[j], false, t, vecs);
     }
@@ -475,9 +479,10 @@ struct Gatv2Score : GatFamily {
         if constexpr (kEdge) er[j].load(ok ? row_head<T>(in.edge_feat, e[j].edge, h) : nullptr, t, this->vecs);
       }
     }
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return t.sum(gatv2_lane_score(this->att, xs, xdr[j], er[j], kEdge, this->slope, t, this->vecs));
+    __device__ __forceinline__ A lane_score(int j, const Team& t) const {
+      return gatv2_lane_score(this->att, xs, xdr[j], er[j], kEdge, this->slope, t, this->vecs);
     }
+    __device__ __forceinline__ A score_of(A sum) const { return sum; }
     __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int, const Team& t) const {
       return lane_dot(gr, xs, xs, false, t, this->vecs);
     }

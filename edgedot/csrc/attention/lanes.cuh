@@ -39,23 +39,33 @@ struct Team {
   }
 
   // Sum over the team. The butterfly gives every lane the same bits (a + b == b + a), so decisions
-  // taken on the result stay uniform across the team. Its rounds are unrolled for each width: as a
-  // runtime loop, each round also paid a shift, a compare and a branch.
+  // taken on the result stay uniform across the team.
   template <typename A>
   __device__ __forceinline__ A sum(A x) const {
+    A one[1] = {x};
+    sum_each(one);
+    return one[0];
+  }
+
+  // Sums each x[i] over the team, the same bits as sum(x[i]), in one set of rounds: independent
+  // shuffles in flight, and one dispatch on the width. The rounds are unrolled for each width (as
+  // a runtime loop, each round also paid a shift, a compare and a branch).
+  template <int N, typename A>
+  __device__ __forceinline__ void sum_each(A (&x)[N]) const {
     switch (group) {
-      case 4: return butterfly<4>(x);
-      case 8: return butterfly<8>(x);
-      case 16: return butterfly<16>(x);
-      default: return butterfly<32>(x);  // teams are aligned powers of two from 4 (kAttentionMinTeam)
+      case 4: butterfly<4>(x); return;
+      case 8: butterfly<8>(x); return;
+      case 16: butterfly<16>(x); return;
+      default: butterfly<32>(x); return;  // teams are aligned powers of two from 4 (kAttentionMinTeam)
     }
   }
 
-  template <int kLanes, typename A>
-  __device__ __forceinline__ A butterfly(A x) const {
+  template <int kLanes, int N, typename A>
+  __device__ __forceinline__ void butterfly(A (&x)[N]) const {
 #pragma unroll
-    for (int offset = kLanes >> 1; offset > 0; offset >>= 1) x += __shfl_xor_sync(mask, x, offset);
-    return x;
+    for (int offset = kLanes >> 1; offset > 0; offset >>= 1)
+#pragma unroll
+      for (int i = 0; i < N; ++i) x[i] += __shfl_xor_sync(mask, x[i], offset);
   }
 
   template <typename V>

@@ -48,6 +48,7 @@ struct DotScore : RecordsPolicy {
   static bool has_edge(const Inputs& in) { return in.edge_feat.data != nullptr; }
   static bool edge_grads_wanted(const BackwardArgs& a) { return a.d_edge_feat != nullptr; }
 
+  static constexpr bool kTeamScore = true;
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
   template <typename T, int NV, bool kEdge>
@@ -120,9 +121,8 @@ struct DotScore : RecordsPolicy {
       }
     }
 
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return scaled_score(t.sum(lane_dot(q, kr[j], er[j], kEdge, t, dvec)), scale);
-    }
+    __device__ __forceinline__ A lane_score(int j, const Team& t) const { return lane_dot(q, kr[j], er[j], kEdge, t, dvec); }
+    __device__ __forceinline__ A score_of(A sum) const { return scaled_score(sum, scale); }
     __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
       add_scaled(acc, p, vr[j], er[j], kEdge, t, vvec);
     }
@@ -218,9 +218,10 @@ struct DotScore : RecordsPolicy {
       }
     }
     // The forward's score: q widened, k + edge_feat widened element by element.
-    __device__ __forceinline__ A score(int j, const Team& t) const {
-      return scaled_score(t.sum(lane_dot(this->qr[j], k, er[j], kEdge, t, this->dvec)), this->scale);
+    __device__ __forceinline__ A lane_score(int j, const Team& t) const {
+      return lane_dot(this->qr[j], k, er[j], kEdge, t, this->dvec);
     }
+    __device__ __forceinline__ A score_of(A sum) const { return scaled_score(sum, this->scale); }
     __device__ __forceinline__ A value_dot(const RawRow<T, VEC, NV>& gr, int j, const Team& t) const {
       return lane_dot(gr, v, er[j], kEdge, t, this->vvec);
     }
