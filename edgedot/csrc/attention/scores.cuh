@@ -121,7 +121,9 @@ struct DotScore : RecordsPolicy {
       }
     }
 
-    __device__ __forceinline__ A lane_score(int j, const Team& t) const { return lane_dot(q, kr[j], er[j], kEdge, t, dvec); }
+    __device__ __forceinline__ A lane_score(int j, const Team& t) const {
+      return lane_dot(q, kr[j], er[j], kEdge, t, dvec);
+    }
     __device__ __forceinline__ A score_of(A sum) const { return scaled_score(sum, scale); }
     __device__ __forceinline__ void add_value(LaneRow<T, VEC, NV>& acc, A p, int j, const Team& t) const {
       add_scaled(acc, p, vr[j], er[j], kEdge, t, vvec);
