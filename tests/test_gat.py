@@ -266,6 +266,22 @@ def test_hub(kind, device):
     check(kind, feats, src, dst)
 
 
+@pytest.mark.parametrize("heads", [3, 5, 12])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gatv2_att_grad_over_many_units(device, heads):
+    """GATv2's att gradient is summed per team of the CUDA dst pass, a team serving one head in all
+    its (destination, head) units: more units than teams, head counts that divide no block's team
+    count, and a hub split into chunks; against float64, and the same bits on a second run."""
+    n = 20_000 if device == "cuda" else 400
+    feats, src, dst = GATV2.make(num_src=n, num_dst=n, num_edges=4 * n, heads=heads, dim=8, device=device,
+                                 skewed=False)
+    dst = dst.clone()
+    dst[:n] = 7
+    first, second = check(GATV2, feats, src, dst), check(GATV2, feats, src, dst)
+    for a, b in zip(first[2], second[2]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @kinds
 def test_strided_inputs(kind, device, small_chunks):

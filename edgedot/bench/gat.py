@@ -1,5 +1,6 @@
 """The GAT / GATv2 benchmark: :func:`edgedot.gat_attention` / :func:`edgedot.gatv2_attention`
-(``edgedot``: edges given grouped by ``dst_ptr``), ``edgedot.nn.GATConv`` / ``GATv2Conv``
+(``edgedot``: edges given grouped by ``dst_ptr``; ``edgedot_plan``: an ``EdgePlan`` per input
+set, built outside timing), ``edgedot.nn.GATConv`` / ``GATv2Conv``
 (``edgedot_layer`` on a ``[2, E]`` tensor, ``edgedot_sorted`` on an ``EdgeIndex`` sorted by
 destination, whose row pointer spares the kernel its sort), PyG's layers (``pyg``),
 ``torch.compile`` of the unfused PyG-style math (``compile``) and, when it is installed,
@@ -251,6 +252,16 @@ def gat_paths(case, sets, check, compiled, weights, att, backward):
             return op(*op_inputs(case, sets[i], att), src, dst, negative_slope=NEGATIVE_SLOPE, dst_ptr=ptr)
         return op_path(call)
 
+    def edgedot_plan():
+        if case.fresh_graph:
+            raise NotApplicable("a plan is for a static graph")
+        plans = [edgedot.EdgePlan(s.src_idx, s.dst_idx, case.num_nodes, case.num_nodes) for s in sets]  # untimed
+
+        def call(i):
+            _, src, dst, _ = graph(i)
+            return op(*op_inputs(case, sets[i], att), src, dst, negative_slope=NEGATIVE_SLOPE, plan=plans[i])
+        return op_path(call)
+
     def edgedot_layer():
         return layer_path(make_layer(ours_class, case))
 
@@ -294,6 +305,7 @@ def gat_paths(case, sets, check, compiled, weights, att, backward):
 
     return {
         "edgedot": edgedot_op,
+        "edgedot_plan": edgedot_plan,
         "edgedot_layer": edgedot_layer,
         "edgedot_sorted": edgedot_layer_sorted,
         "pyg": pyg_layer,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <numeric>
 #include <utility>
 
 #include "attention/dropout.cuh"
@@ -335,6 +336,9 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   Src<T, VEC, NV, kEdge, B>: a source's side (src pass): begin, load(in, t, edges, h), the score,
 //     value_dot(grad_out row, j, t), zero_grads, add_grads(j, ds, alpha', grad_out row, t),
 //     store_grads;
+//   kTeamGrads: whether Dst also sums a gradient over every unit its team serves (a parameter's,
+//     not a node's), held from its constructor on and written by store_team_grads(args, team, t)
+//     after the team's last unit; the team serves head team % heads throughout (with_backward_dst);
 //   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
 //   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
@@ -537,10 +541,10 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   if constexpr (Score::kSrcFromRecords) records = Score::template records<A>(a);
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
+  Dst side(in);
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     const int64_t n = w.row, h = w.head, unit = n * heads + h;
-    Dst side(in);
     LaneRow<T, VEC, NV> dout, out;
     A delta = w.bad ? static_cast<A>(NAN) : A(0);  // a row without edges: out is 0 (NaN if bad)
     if (w.begin < w.end) {
@@ -584,6 +588,7 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
         });
     side.store_grads(a, w, unit, t);
   });
+  if constexpr (Score::kTeamGrads) side.store_team_grads(a, thread / group, t);
 
   if (edge_grads == nullptr || a.dst.order == nullptr) return;  // edges given grouped all lie in some row
   // Edges whose destination is out of range (only without index checks) add nothing.
@@ -719,22 +724,50 @@ void launch_forward(const typename Score::ForwardArgs& a, ScalarKind scalar, cud
   });
 }
 
+// Calls f(kernel, blocks, group) with the dst pass's kernel for the inputs and its grid, if it has
+// work. The grid fills every SM (grid_blocks); for a policy with team sums (kTeamGrads) its team
+// count is a multiple of heads, so that a team serves one head in all its units (for_each_unit
+// strides by the team count).
+template <class Score, typename T, typename F>
+void with_backward_dst(const typename Score::BackwardArgs& a, F&& f) {
+  const auto& in = a.in;
+  dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
+    auto kernel =
+        attention_backward_dst_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
+    const int64_t threads = (Score::num_dst(in) + a.dst_chunks.max_slots) * in.heads * group +
+                            (Score::edge_grads_wanted(a) ? in.num_edges : 0);
+    if (threads == 0) return;
+    int64_t blocks = grid_blocks(kernel, threads);
+    if constexpr (Score::kTeamGrads) {
+      const int64_t step = in.heads / std::gcd(in.heads, int64_t{kBlockThreads / group});
+      blocks = std::max(step, blocks - blocks % step);
+    }
+    f(kernel, static_cast<int>(blocks), group);
+  });
+}
+
 // The dst pass (delta, the destinations' and the edges' gradients) and its merges.
 template <class Score>
 void launch_backward_dst(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   dispatch_scalar(scalar, [&](auto zero) {
     using T = decltype(zero);
-    const auto& in = a.in;
-    dispatch_score<Score, T>(in, Score::template vectorizable<T>(a), [&](auto v, auto nv, auto edge, int group) {
-      auto kernel =
-          attention_backward_dst_kernel<Score, T, decltype(v)::value, decltype(nv)::value, decltype(edge)::value>;
-      const int64_t threads = (Score::num_dst(in) + a.dst_chunks.max_slots) * in.heads * group +
-                              (Score::edge_grads_wanted(a) ? in.num_edges : 0);
-      if (threads == 0) return;
-      kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(a, group);
+    with_backward_dst<Score, T>(a, [&](auto kernel, int blocks, int group) {
+      kernel<<<blocks, kBlockThreads, 0, stream>>>(a, group);
     });
     if (a.dst_chunks.first_chunk != nullptr) Score::template merge_dst<T>(a, stream);
   });
+}
+
+// Teams of the dst pass (0 without work), with every other field of args set: the rows of a
+// kTeamGrads policy's team sums.
+template <class Score>
+int64_t backward_dst_teams(const typename Score::BackwardArgs& a, ScalarKind scalar) {
+  int64_t teams = 0;
+  dispatch_scalar(scalar, [&](auto zero) {
+    with_backward_dst<Score, decltype(zero)>(
+        a, [&](auto, int blocks, int group) { teams = int64_t{blocks} * (kBlockThreads / group); });
+  });
+  return teams;
 }
 
 // Bytes of what the dst pass hands a kSrcFromRecords src pass (records, then the policy's

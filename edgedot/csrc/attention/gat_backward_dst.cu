@@ -11,4 +11,8 @@ void launch_gat_backward_dst(const GatBackwardArgs& a, ScalarKind scalar, cudaSt
   }
 }
 
+int64_t gat_dst_pass_teams(const GatBackwardArgs& a, ScalarKind scalar) {
+  return a.in.v2 ? backward_dst_teams<Gatv2Score>(a, scalar) : backward_dst_teams<GatScore>(a, scalar);
+}
+
 }  // namespace edgedot

@@ -170,7 +170,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, heads}, options.dtype(accum));
   at::Tensor dst_grad = in.v2 ? at::empty({num_dst, heads, dim}, options) : at::empty({num_dst, heads}, options);
-  at::Tensor datt_rows = in.v2 ? at::empty({num_dst, heads, dim}, options.dtype(accum)) : none();
   at::Tensor edge_grad = !edge_grad_wanted ? none()
                          : in.v2           ? at::empty({in.num_edges, heads, dim}, options)
                                            : at::empty({in.num_edges, heads}, options);
@@ -178,18 +177,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   at::Tensor da_src = src_grad && !in.v2 ? at::empty({num_src, heads}, options) : none();
   args.delta = delta.data_ptr();
   args.dst_grad = dst_grad.data_ptr();
-  args.datt_rows = in.v2 ? datt_rows.data_ptr() : nullptr;
   args.edge_grad = edge_grad_wanted ? edge_grad.data_ptr() : nullptr;
   args.dx = src_grad ? dx.data_ptr() : nullptr;
   args.da_src = src_grad && !in.v2 ? da_src.data_ptr() : nullptr;
   const std::vector<void*> parts =
-      attention_partials({{&args.dst_chunks, in.v2 ? dim : 1}, {&args.dst_chunks, in.v2 ? dim : 0},
-                          {&args.src_chunks, dim}, {&args.src_chunks, in.v2 ? 0 : 1}},
+      attention_partials({{&args.dst_chunks, in.v2 ? dim : 1}, {&args.src_chunks, dim},
+                          {&args.src_chunks, in.v2 ? 0 : 1}},
                          heads, x, keep);
   args.part_dst_grad = parts[0];
-  args.part_datt = parts[1];
-  args.part_dx = parts[2];
-  args.part_da_src = parts[3];
+  args.part_dx = parts[1];
+  args.part_da_src = parts[2];
+  // GATv2's datt: a row per team of the dst pass, summed below in a fixed order (never atomics).
+  at::Tensor datt_teams =
+      in.v2 ? at::empty({gat_dst_pass_teams(args, scalar) / heads, heads * dim}, options.dtype(accum)) : none();
+  args.datt_teams = in.v2 ? datt_teams.data_ptr() : nullptr;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor src_state = backward_records(records ? gat_src_state_bytes(args, scalar) : 0, in.num_edges, heads,
                                                 args.dst.order == nullptr, x, stream);
@@ -200,9 +201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     launch_gat_backward_src(args, scalar, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  // datt: the destinations' shares summed in a fixed order (a reduction, never atomics).
-  at::Tensor datt = in.v2 ? column_sum(datt_rows.view({num_dst, heads * dim})).view({heads, dim}).to(x.scalar_type())
-                          : none();
+  at::Tensor datt = in.v2 ? column_sum(datt_teams).view({heads, dim}).to(x.scalar_type()) : none();
   return {dx, da_src, dst_grad, datt, edge_grad};
 }
 

@@ -43,6 +43,7 @@ struct GatFamily : RecordsPolicy {
   static constexpr bool kForwardLight = false;
   template <typename T, int NV, bool kEdge>
   static constexpr bool kDstLight = false;
+  static constexpr bool kTeamGrads = false;
 
   // Whether every row the passes read or write as rows can move as 16-byte vectors of T.
   template <typename T>
@@ -57,7 +58,7 @@ struct GatFamily : RecordsPolicy {
     // GAT's dst_grad and edge_grad are scalars, written one at a time.
     return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim},
                                       {&a.grad_out, in.dim}, {&a.out, in.dim}},
-                                     {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_rows, in.v2 ? a.edge_grad : nullptr});
+                                     {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_teams, in.v2 ? a.edge_grad : nullptr});
   }
 
   template <typename T>
@@ -289,6 +290,9 @@ __device__ __forceinline__ A gatv2_ds_of_sign(A ds, A ds_slope, bool positive) {
 struct Gatv2Score : GatFamily {
   static bool has_edge(const Inputs& in) { return in.edge_feat.data != nullptr; }
   static constexpr bool kTeamScore = true;
+  // datt, a sum over every edge, is summed per team (one row of datt_teams each), not per
+  // destination: [teams, dim] instead of [num_dst, heads, dim] written and summed again.
+  static constexpr bool kTeamGrads = true;
 
   // x_dst and att rows besides the output row: the register budget of per-edge rows.
   template <bool kEdge>
@@ -329,8 +333,11 @@ struct Gatv2Score : GatFamily {
     RawRow<T, VEC, NV> xr[B], er[B];
     unsigned positive[NV];  // bit c of vector u: element c of the last edge's m > 0
 
+    // datt: the team's sum over all its units.
     __device__ __forceinline__ explicit Dst(const Inputs& in)
-        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {}
+        : vecs(static_cast<int>(in.dim / VEC)), slope(static_cast<A>(in.negative_slope)) {
+      datt.zero();
+    }
 
     __device__ __forceinline__ void begin(const Inputs& in, const Team& t, int64_t n, int64_t h) {
       load_widened(xd, row_head<T>(in.x_dst, n, h), t, vecs);
@@ -359,10 +366,7 @@ struct Gatv2Score : GatFamily {
       return lane_dot(dout, xr[j], xr[j], false, t, vecs);
     }
 
-    __device__ __forceinline__ void zero_grads() {
-      dxd.zero();
-      datt.zero();
-    }
+    __device__ __forceinline__ void zero_grads() { dxd.zero(); }
     __device__ __forceinline__ static T* edge_grads(const BackwardArgs& a) {
       return kEdge ? static_cast<T*>(a.edge_grad) : nullptr;
     }
@@ -406,16 +410,13 @@ struct Gatv2Score : GatFamily {
         if (lane_has<NV>(t, vecs, u)) row[t.lane + u * t.group] = static_cast<uint8_t>(positive[u]);
       }
     }
-    // datt_rows: each destination's share of datt (accumulation type), summed afterwards.
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
       store_grad_row(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, a.in.dim, t, vecs, dxd);
-      if (w.slot >= 0) {
-        store_partial(static_cast<A*>(a.part_datt) + (int64_t{w.slot} * a.in.heads + w.head) * a.in.dim, t, vecs,
-                      datt);
-      } else {
-        store_partial(static_cast<A*>(a.datt_rows) + unit * a.in.dim, t, vecs, datt);
-      }
+    }
+    // The team's share of datt (accumulation type), summed over teams afterwards.
+    __device__ __forceinline__ void store_team_grads(const BackwardArgs& a, int64_t team, const Team& t) const {
+      store_partial(static_cast<A*>(a.datt_teams) + team * a.in.dim, t, vecs, datt);
     }
   };
 
@@ -525,8 +526,6 @@ struct Gatv2Score : GatFamily {
     using A = accum_t<T>;
     launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const A*>(a.part_dst_grad),
                         static_cast<T*>(a.dst_grad), stream);
-    launch_merge_sum<A>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const A*>(a.part_datt),
-                        static_cast<A*>(a.datt_rows), stream);
   }
   template <typename T>
   static void merge_src(const BackwardArgs& a, cudaStream_t stream) {

@@ -55,6 +55,7 @@ struct DotScore : RecordsPolicy {
   static constexpr bool kForwardLight = false;
   template <typename T, int NV, bool kEdge>
   static constexpr bool kDstLight = false;
+  static constexpr bool kTeamGrads = false;
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
   // A backward pass's batch of rows: one edge for float32 rows of two vectors a lane (more spill).

@@ -338,8 +338,9 @@ struct GatForwardArgs {
 
 // Outputs contiguous, in the inputs' type unless said otherwise. The dst pass writes delta and
 // GAT: da_dst [num_dst, heads], da_edge [num_edges, heads] (or null);
-// GATv2: dx_dst [num_dst, heads, dim], datt_rows [num_dst, heads, dim] (accumulation type: each
-// destination's share of datt, summed over destinations afterwards), d_edge_feat (or null).
+// GATv2: dx_dst [num_dst, heads, dim], datt_teams [gat_dst_pass_teams(...), dim] (accumulation type:
+// each team's share of datt, team k's of head k % heads, summed over teams afterwards), d_edge_feat
+// (or null).
 // The src pass writes dx [num_src, heads, dim] and, for GAT, da_src [num_src, heads].
 struct GatBackwardArgs {
   GatInputs in;
@@ -349,7 +350,7 @@ struct GatBackwardArgs {
   RowChunks dst_chunks, src_chunks;
   void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
   void* dst_grad;      // GAT: da_dst; GATv2: dx_dst
-  void* datt_rows;     // GATv2 only
+  void* datt_teams;    // GATv2 only
   void* edge_grad;     // GAT: da_edge; GATv2: d_edge_feat; or null
   void* dx;
   void* da_src;        // GAT only
@@ -358,18 +359,19 @@ struct GatBackwardArgs {
   // otherwise (the src pass then recomputes them).
   void* src_state;
   // Chunk partials (accumulation type) of long rows: [dst max_slots, heads, dst_grad's width (1 or
-  // dim)], [dst max_slots, heads, dim], [src max_slots, heads, dim], [src max_slots, heads, 1].
+  // dim)], [src max_slots, heads, dim], [src max_slots, heads, 1].
   void* part_dst_grad;
-  void* part_datt;
   void* part_dx;
   void* part_da_src;
 };
 
 // out, lse (and alpha) over the dst grouping; every element written. dim in 1 .. kAttentionMaxDim.
 void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStream_t stream);
-// The dst pass (delta, dst_grad, datt_rows, edge_grad), then the src pass (dx, da_src), which reads
+// The dst pass (delta, dst_grad, datt_teams, edge_grad), then the src pass (dx, da_src), which reads
 // delta. Every element of the outputs is written: rows without edges as zeros.
 void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+// Teams of the dst pass (0 when it has no work), with every other field of args set.
+int64_t gat_dst_pass_teams(const GatBackwardArgs& args, ScalarKind scalar);
 void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // Bytes of args.src_state the passes need (0: none), with every other field of args set.
 int64_t gat_src_state_bytes(const GatBackwardArgs& args, ScalarKind scalar);
