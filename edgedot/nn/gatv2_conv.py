@@ -247,5 +247,5 @@ class GATv2Conv(_GATBase):
         edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, min(num_src, num_dst), num_src, num_dst,
                                                      bool(return_attention_weights))
         x_l, x_r, att, edge_feat = self._attention_inputs(x_l, x_r, self._fused_edge_attr(adj, edge_attr))
-        return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
-                            return_attention_weights)
+        return self._attend(gatv2_attention, (x_l, x_r, att, edge_feat), "edge_feat", adj, num_src, num_dst,
+                            edge_index, res, return_attention_weights)
