@@ -522,7 +522,7 @@ class GATConv(_GATBase):
         bias-free ``Linear``; else by calling ``lin_edge``, as PyG's layer does."""
         H, C = self.heads, self.out_channels
         if self.lin_edge is not None and self.att_edge is not None:
-            if hasattr(self.lin_edge, "weight") and self._plain("lin_edge") and self.lin_edge.bias is None:
+            if hasattr(self.lin_edge, "weight") and self._plain(["lin_edge"]) and self.lin_edge.bias is None:
                 weight = self.lin_edge.weight.view(H, C, -1)
                 return edge_attr @ (weight * self.att_edge.view(H, C, 1)).sum(1).t()
             return (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)

@@ -148,7 +148,7 @@ class GATv2Conv(_GATBase):
         weights; see :func:`edgedot.nn._pyg.plain_linear`) of one input width, both with a bias or
         both without."""
         return (not self.share_weights and hasattr(self.lin_l, "weight") and hasattr(self.lin_r, "weight")
-                and self._plain("lin_l") and self._plain("lin_r")
+                and self._plain(["lin_l", "lin_r"])
                 and self.lin_l.weight.shape[1] == self.lin_r.weight.shape[1]
                 and (self.lin_l.bias is None) == (self.lin_r.bias is None))
 

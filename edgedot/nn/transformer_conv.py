@@ -187,7 +187,7 @@ class TransformerConv(Projections, MessagePassing):
         else:
             out = out.mean(dim=1)
         if self.root_weight:
-            if self._plain("lin_skip"):
+            if self._plain(["lin_skip"]):
                 x_r = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
             else:
                 x_r = self.lin_skip(x_dst)
@@ -245,8 +245,7 @@ class TransformerConv(Projections, MessagePassing):
         """Queries, keys, values ``[N, H, C]`` and the projected edge features."""
         heads, channels = self.heads, self.out_channels
         if x_src is x_dst and self._fuse_qkv and hasattr(self.lin_query, "weight") and hasattr(self.lin_key, "weight") \
-                and hasattr(self.lin_value, "weight") and self._plain("lin_query") and self._plain("lin_key") \
-                and self._plain("lin_value"):
+                and hasattr(self.lin_value, "weight") and self._plain(["lin_query", "lin_key", "lin_value"]):
             if one_gemm_pays(x_dst):
                 weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
                 bias: OptTensor = None

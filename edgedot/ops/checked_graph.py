@@ -69,8 +69,9 @@ def _fits(tensors, src_idx, dst_idx, num_src, num_dst, src_rows, dst_rows, edge_
     for t in tensors:
         if t is not None and (type(t) is not torch.Tensor or not t.is_cpu or t.dtype != dtype):
             return False
-    if type(src_idx) is not torch.Tensor or type(dst_idx) is not torch.Tensor or not (src_idx.is_cpu and dst_idx.is_cpu):
-        return False
+    for idx in (src_idx, dst_idx):
+        if type(idx) is not torch.Tensor or not idx.is_cpu:
+            return False
     for positions, rows in ((src_rows, num_src), (dst_rows, num_dst)):
         for position in positions:
             if tensors[position].shape[0] != rows:
