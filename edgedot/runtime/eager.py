@@ -13,12 +13,14 @@ On the CPU the eager ``autograd.Function`` calls the op's implementation itself 
 of :func:`register_autograd`), which returns, besides the op's outputs, what its backward may take
 instead of recomputing (the per-edge tensors of a small problem); the backward takes it once
 (:func:`take_kept`). A backward without it (the wrapper's, or a second one of a retained graph)
-recomputes it, with the same bits.
+recomputes it, with the same bits. The CPU forward checks the graph's indices first; the
+Function's ``graph_checked`` twin does not, for a layer that has checked the same graph
+(:mod:`edgedot.ops.checked_graph`).
 
 Inside :func:`call` (after the public function has checked every argument) and inside the
 backward of its ``autograd.Function`` (whose inputs are a checked forward's), the implementations
 skip the argument checks they make when called as ``torch.ops``: :func:`arguments_checked`. The
-checks of the graph's indices are not skipped.
+checks of the graph's indices are not skipped there.
 """
 
 import threading
