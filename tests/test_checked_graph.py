@@ -231,3 +231,17 @@ def test_swapped_value_projection_of_fewer_rows_is_not_read_past(taken):
     with pytest.raises(IndexError, match="src_idx holds 29, outside"):
         layer(rand_feat((30, 12), torch.float32, "cpu", g), edge_index)
     assert taken == [False]
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_without_gradients_same_bits(monkeypatch, taken, kind, mode):
+    layer = _layer(kind, torch.float32)
+    g = gen(12)
+    x, edge_index = rand_feat((30, 12), torch.float32, "cpu", g), _graph(30, 30, 100, torch.int32, g)
+    with mode():
+        lean = layer(x, edge_index)
+        monkeypatch.setattr(checked_graph, "attend", lambda *args: None)
+        public = layer(x, edge_index)
+    assert taken == [True] and not lean.requires_grad
+    assert torch.equal(lean, public)
