@@ -446,7 +446,7 @@ def dense_in_range(edge_index, num_src, num_dst, flow="source_to_target"):
 
 def _both_rows_below(edge_index, bound):
     """Whether every entry of a CPU ``[2, E]`` ``edge_index`` lies in ``[0, bound)``: both rows in one
-    pass, two numbers read back (a 50-node step's check costs a quarter of two rows' checks). Where
+    pass, two numbers read back (about a third of the two rows' checks at 50 nodes). Where
     not, the rows' own checks decide, and name the row in their error."""
     if edge_index.numel() == 0:
         return True
