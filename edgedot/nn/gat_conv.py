@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
+from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
 from ..ops.node_logits import gat_node_logits
@@ -222,21 +223,31 @@ class _GATBase(Projections, MessagePassing):
         return attention_weights(edge_index, alpha, sparse_values=True)
 
     @torch.jit.unused
-    def _attend(self, op, args, adj, edge_index, kwargs, res, return_attention_weights):
-        """Runs the fused ``op`` on ``args`` and the adjacency; returns the layer's output (see
-        :meth:`_finish`), with the attention weights where ``return_attention_weights`` is true.
+    def _attend(self, op, tensors, edge_name, adj, num_src, num_dst, edge_index, res, return_attention_weights):
+        """Runs the fused ``op`` on ``tensors`` (its four feature tensors, the edge term, passed as
+        ``edge_name``, may be None) and the adjacency of ``num_src`` sources and ``num_dst``
+        destinations; returns the layer's output (see :meth:`_finish`), with the attention weights
+        where ``return_attention_weights`` is true. A CPU graph the layer has checked goes to the
+        op's autograd Function directly (:mod:`edgedot.ops.checked_graph`).
 
         Where the weights are wanted in training with dropout, the dropout state the op is about to
         draw is read first (nothing drawn), for PyG's dropped weights."""
         want_alpha = bool(return_attention_weights)
         dropout_p = self.dropout if self.training else 0.0
-        device = args[0].device
+        device = tensors[0].device
         rng_state = next_dropout_state(device) if want_alpha and dropout_p > 0 else None
-        out = op(*args, adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
-                 dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, **kwargs)
+        out = None
+        if adj.checked and device.type == "cpu":
+            out = checked_graph.attend(op, tensors, adj.src, adj.dst, num_src, num_dst, self.negative_slope, dropout_p,
+                                       want_alpha)
+        if out is None:
+            out = op(*tensors[:3], adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
+                     dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha,
+                     **{edge_name: tensors[3]})
+            out = out if want_alpha else (out, None)
+        out, alpha = out
         if not want_alpha:
             return self._finish(out, res)
-        out, alpha = out
         return self._finish(out, res), self._weights(edge_index, alpha, rng_state, adj.src.shape[0])
 
     def __repr__(self):
@@ -511,7 +522,7 @@ class GATConv(_GATBase):
         bias-free ``Linear``; else by calling ``lin_edge``, as PyG's layer does."""
         H, C = self.heads, self.out_channels
         if self.lin_edge is not None and self.att_edge is not None:
-            if hasattr(self.lin_edge, "weight") and self._plain("lin_edge") and self.lin_edge.bias is None:
+            if hasattr(self.lin_edge, "weight") and self._plain(["lin_edge"]) and self.lin_edge.bias is None:
                 weight = self.lin_edge.weight.view(H, C, -1)
                 return edge_attr @ (weight * self.att_edge.view(H, C, 1)).sum(1).t()
             return (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)
@@ -529,5 +540,5 @@ class GATConv(_GATBase):
                                                      bool(return_attention_weights))
         x_src, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, self._fused_edge_attr(adj, edge_attr),
                                                              num_dst)
-        return self._attend(gat_attention, (x_src, a_src, a_dst), adj, edge_index, {"a_edge": a_edge}, res,
-                            return_attention_weights)
+        return self._attend(gat_attention, (x_src, a_src, a_dst, a_edge), "a_edge", adj, num_src, num_dst, edge_index,
+                            res, return_attention_weights)

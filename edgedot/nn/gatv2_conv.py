@@ -148,7 +148,7 @@ class GATv2Conv(_GATBase):
         weights; see :func:`edgedot.nn._pyg.plain_linear`) of one input width, both with a bias or
         both without."""
         return (not self.share_weights and hasattr(self.lin_l, "weight") and hasattr(self.lin_r, "weight")
-                and self._plain("lin_l") and self._plain("lin_r")
+                and self._plain(["lin_l", "lin_r"])
                 and self.lin_l.weight.shape[1] == self.lin_r.weight.shape[1]
                 and (self.lin_l.bias is None) == (self.lin_r.bias is None))
 
@@ -247,5 +247,5 @@ class GATv2Conv(_GATBase):
         edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, min(num_src, num_dst), num_src, num_dst,
                                                      bool(return_attention_weights))
         x_l, x_r, att, edge_feat = self._attention_inputs(x_l, x_r, self._fused_edge_attr(adj, edge_attr))
-        return self._attend(gatv2_attention, (x_l, x_r, att), adj, edge_index, {"edge_feat": edge_feat}, res,
-                            return_attention_weights)
+        return self._attend(gatv2_attention, (x_l, x_r, att, edge_feat), "edge_feat", adj, num_src, num_dst,
+                            edge_index, res, return_attention_weights)

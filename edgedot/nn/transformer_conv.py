@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..ops import checked_graph
 from ..ops.attention import graph_attention
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
                    adjacency, attention_weights, check_edge_attr, fused_path, is_torch_sparse_tensor, one_gemm_pays,
@@ -186,7 +187,7 @@ class TransformerConv(Projections, MessagePassing):
         else:
             out = out.mean(dim=1)
         if self.root_weight:
-            if self._plain("lin_skip"):
+            if self._plain(["lin_skip"]):
                 x_r = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
             else:
                 x_r = self.lin_skip(x_dst)
@@ -211,11 +212,18 @@ class TransformerConv(Projections, MessagePassing):
             query, key, value = query.float(), key.float(), value.float()
             edge_feat = None if edge_feat is None else edge_feat.float()
         want_alpha = isinstance(return_attention_weights, bool)
-        out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat,
-                              dropout_p=self.dropout if self.training else 0.0, plan=plan,
-                              dst_ptr=adj.dst_ptr if plan is None else None,
-                              check_indices=not adj.checked, return_attention=want_alpha)
-        out, alpha = out if want_alpha else (out, None)
+        dropout_p = self.dropout if self.training else 0.0
+        out = None
+        if adj.checked and plan is None and query.device.type == "cpu":  # past the op's checks: see checked_graph
+            out = checked_graph.attend(graph_attention, (query, key, value, edge_feat), adj.src, adj.dst,
+                                       x_src.shape[0], x_dst.shape[0], 1.0 / math.sqrt(query.shape[-1]), dropout_p,
+                                       want_alpha)
+        if out is None:
+            out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat, dropout_p=dropout_p,
+                                  plan=plan, dst_ptr=adj.dst_ptr if plan is None else None,
+                                  check_indices=not adj.checked, return_attention=want_alpha)
+            out = out if want_alpha else (out, None)
+        out, alpha = out
         out = self._combine(out, x_dst)
         return (out, attention_weights(edge_index, alpha)) if want_alpha else out
 
@@ -237,8 +245,7 @@ class TransformerConv(Projections, MessagePassing):
         """Queries, keys, values ``[N, H, C]`` and the projected edge features."""
         heads, channels = self.heads, self.out_channels
         if x_src is x_dst and self._fuse_qkv and hasattr(self.lin_query, "weight") and hasattr(self.lin_key, "weight") \
-                and hasattr(self.lin_value, "weight") and self._plain("lin_query") and self._plain("lin_key") \
-                and self._plain("lin_value"):
+                and hasattr(self.lin_value, "weight") and self._plain(["lin_query", "lin_key", "lin_value"]):
             if one_gemm_pays(x_dst):
                 weight = torch.cat([self.lin_query.weight, self.lin_key.weight, self.lin_value.weight])
                 bias: OptTensor = None

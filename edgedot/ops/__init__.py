@@ -1,7 +1,8 @@
 """The ops, one module per family: :mod:`~edgedot.ops.edge_dot`, :mod:`~edgedot.ops.attention`,
 :mod:`~edgedot.ops.gat` and :mod:`~edgedot.ops.agnn`, each with its public function and the
 ``torch.library`` operators behind it; :mod:`~edgedot.ops.node_logits`, GAT's per-node logits;
-:mod:`~edgedot.ops.column_sum`, the layers' bias gradients."""
+:mod:`~edgedot.ops.column_sum`, the layers' bias gradients; :mod:`~edgedot.ops.checked_graph`, the
+layers' CPU calls of the attention ops on a graph they have checked."""
 
 from . import agnn, attention, column_sum, edge_dot, gat, node_logits
 

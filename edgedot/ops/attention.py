@@ -369,12 +369,15 @@ def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention
     return out, lse, alpha, dropout.fake_state(like, dropout_p)
 
 
+def _check_graph_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
+    """The CPU forward's check of the graph, every call (``check_indices`` only spares CUDA a wait)."""
+    _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
+
+
 def _forward_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                     scale, dropout_p, generator, return_attention, check_indices):
-    """The CPU forward, arguments checked: ``((out, lse, alpha, rng_state), kept)``, ``kept`` what
-    :func:`edgedot.cpu.attention.backward` may take instead of recomputing (or None)."""
-    # Always on the CPU (check_indices only spares CUDA a wait).
-    _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
+    """The CPU forward, arguments and graph checked: ``((out, lse, alpha, rng_state), kept)``,
+    ``kept`` what :func:`edgedot.cpu.attention.backward` may take instead of recomputing (or None)."""
     rng_state, key = draw_cpu(q, dropout_p, generator)
     out, lse, alpha, kept = cpu_attention.forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key,
                                                    return_attention)
@@ -386,6 +389,7 @@ def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, s
                  scale, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
+    _check_graph_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
     return _forward_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                            scale, dropout_p, generator, return_attention, check_indices)[0]
 
@@ -490,4 +494,4 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
 
 
 _GraphAttentionFunction = eager.register_autograd(graph_attention_op, "GraphAttentionFunction", _backward,
-                                                  setup_context, _forward_on_cpu)
+                                                  setup_context, _forward_on_cpu, _check_graph_on_cpu)

@@ -304,23 +304,31 @@ def _backward_on_cpu(cpu_backward, grad_out, feat, a, b, edge, out, lse, src_idx
                         dropout.recorded_key(rng_state, dropout_p), edge_grad, src_grad, kept=kept)
 
 
-def _forward_on_cpu(cpu_forward, feat, a, b, edge, src_idx, dst_idx, dst_group, dst_offsets, negative_slope,
-                    dropout_p, generator, return_attention, dst_rows):
+def _forward_on_cpu(cpu_forward, feat, a, b, edge, src_idx, dst_idx, negative_slope, dropout_p, generator,
+                    return_attention):
     """A CPU forward (``cpu_forward``: :func:`edgedot.cpu.gat.gat_forward` or ``gatv2_forward``),
-    arguments checked: ``((out, lse, alpha, rng_state), kept)``, ``kept`` what the CPU backward may
-    take instead of recomputing (or None); ``dst_rows`` has a row per destination."""
-    # Always on the CPU (check_indices spares CUDA a wait).
-    _check_edges(dst_rows, feat, src_idx, dst_idx, dst_group, dst_offsets)
+    arguments and graph checked: ``((out, lse, alpha, rng_state), kept)``, ``kept`` what the CPU
+    backward may take instead of recomputing (or None)."""
     rng_state, key = draw_cpu(feat, dropout_p, generator)
     out, lse, alpha, kept = cpu_forward(feat, a, b, edge, src_idx, dst_idx, negative_slope, dropout_p, key,
                                         return_attention)
     return (out, lse, alpha, rng_state), kept
 
 
+# The CPU forwards' checks of the graph, every call (check_indices only spares CUDA a wait); the
+# destination rows are a_dst's (GAT) and x_dst's (GATv2).
+def _gat_check_graph_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, *_):
+    _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)
+
+
+def _gatv2_check_graph_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
+    _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
+
+
 def _gat_forward_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                         negative_slope, dropout_p, generator, return_attention, check_indices):
-    return _forward_on_cpu(cpu_gat.gat_forward, x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets,
-                           negative_slope, dropout_p, generator, return_attention, a_dst)
+    return _forward_on_cpu(cpu_gat.gat_forward, x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p,
+                           generator, return_attention)
 
 
 @torch.library.impl(_lib, "gat_attention", "CPU")
@@ -328,6 +336,7 @@ def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_o
                      negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    _gat_check_graph_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets)
     return _gat_forward_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                                src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices)[0]
 
@@ -389,8 +398,8 @@ def _gat_backward_fake(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst
 
 def _gatv2_forward_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                           src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
-    return _forward_on_cpu(cpu_gat.gatv2_forward, x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group,
-                           dst_offsets, negative_slope, dropout_p, generator, return_attention, x_dst)
+    return _forward_on_cpu(cpu_gat.gatv2_forward, x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
+                           dropout_p, generator, return_attention)
 
 
 @torch.library.impl(_lib, "gatv2_attention", "CPU")
@@ -398,6 +407,7 @@ def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group
                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
+    _gatv2_check_graph_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
     return _gatv2_forward_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                                  src_offsets, negative_slope, dropout_p, generator, return_attention,
                                  check_indices)[0]
@@ -488,9 +498,9 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
 # The forward ops' autograd, and the autograd.Function each takes in eager calls.
 _EAGER_FUNCTIONS = {
     op: eager.register_autograd(op, name, _make_backward(backward_op, cpu_backward, source_inputs), setup_context,
-                                cpu_forward)
-    for name, op, backward_op, cpu_forward, cpu_backward, source_inputs in (
+                                cpu_forward, cpu_check_graph)
+    for name, op, backward_op, cpu_forward, cpu_check_graph, cpu_backward, source_inputs in (
         ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, _gat_forward_on_cpu,
-         "gat_backward", (0, 1)),
+         _gat_check_graph_on_cpu, "gat_backward", (0, 1)),
         ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, _gatv2_forward_on_cpu,
-         "gatv2_backward", (0,)))}
+         _gatv2_check_graph_on_cpu, "gatv2_backward", (0,)))}

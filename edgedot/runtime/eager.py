@@ -13,12 +13,14 @@ On the CPU the eager ``autograd.Function`` calls the op's implementation itself 
 of :func:`register_autograd`), which returns, besides the op's outputs, what its backward may take
 instead of recomputing (the per-edge tensors of a small problem); the backward takes it once
 (:func:`take_kept`). A backward without it (the wrapper's, or a second one of a retained graph)
-recomputes it, with the same bits.
+recomputes it, with the same bits. The CPU forward checks the graph's indices first; the
+Function's ``graph_checked`` twin does not, for a layer that has checked the same graph
+(:mod:`edgedot.ops.checked_graph`).
 
 Inside :func:`call` (after the public function has checked every argument) and inside the
 backward of its ``autograd.Function`` (whose inputs are a checked forward's), the implementations
 skip the argument checks they make when called as ``torch.ops``: :func:`arguments_checked`. The
-checks of the graph's indices are not skipped.
+checks of the graph's indices are not skipped there.
 """
 
 import threading
@@ -45,28 +47,38 @@ def _checked(fn, *args):
         _state.checked = previous
 
 
-def register_autograd(op, name, backward, setup_context, cpu_forward=None):
+def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_check_graph=None):
     """``torch.library.register_autograd(op, backward, setup_context=setup_context)``; returns the
     ``autograd.Function`` (named ``name``) that :func:`call` takes for eager calls of ``op``. With
     ``cpu_forward`` (``cpu_forward(*args) -> (output, kept)``: the op's CPU implementation, which
     also returns what its backward may take), CPU calls of the Function run it and leave ``kept``
-    to ``backward`` (:func:`take_kept`)."""
+    to ``backward`` (:func:`take_kept`), after ``cpu_check_graph(*args)`` (the op's check of the
+    graph's indices). The Function's ``graph_checked`` attribute is its twin without that check,
+    for a caller that has checked the same graph itself (:mod:`edgedot.ops.checked_graph`)."""
     torch.library.register_autograd(op, backward, setup_context=setup_context)
-
-    def forward(ctx, *args):
-        if cpu_forward is not None and args[0].device.type == "cpu":
-            output, ctx.kept = cpu_forward(*args)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                output = op(*args)
-        setup_context(ctx, args, output)
-        return output
 
     def checked_backward(ctx, *grads):
         return _checked(backward, ctx, *grads)
 
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
+    def function(function_name, check_graph):
+        def forward(ctx, *args):
+            if cpu_forward is not None and args[0].device.type == "cpu":
+                if check_graph is not None:
+                    check_graph(*args)
+                output, ctx.kept = cpu_forward(*args)
+            else:
+                with torch._C._AutoDispatchBelowAutograd():
+                    output = op(*args)
+            setup_context(ctx, args, output)
+            return output
+
+        return type(function_name, (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
+
+    eager_function = function(name, cpu_check_graph)
+    if cpu_forward is not None:
+        eager_function.graph_checked = function(name + "GraphChecked", None)
+    return eager_function
 
 
 def without_grad(fn, *args, **kwargs):
