@@ -241,6 +241,14 @@ class PathMaker:
         edge_index = s.edge_index.clone()
         return edge_index, edge_index[0], edge_index[1], s.dst_ptr.clone()
 
+    def plans(self):
+        """An :class:`edgedot.EdgePlan` per input set, built here (outside any timing); n/a for a
+        case with a new graph every call."""
+        if self.case.fresh_graph:
+            raise NotApplicable("a plan is for a static graph")
+        n = self.case.num_nodes
+        return [edgedot.EdgePlan(s.src_idx, s.dst_idx, n, n) for s in self.sets]
+
     def clear(self, i):
         """Drops the gradients of set i's inputs and of the leaves."""
         self.sets[i].clear_grads()
@@ -325,13 +333,11 @@ def attention_paths(case, sets, check, compiled, weights, backward):
     paths = PathMaker(case, sets, check, weights, backward)
     graph, op_path, layer_path = paths.graph, paths.op_path, paths.layer_path
 
-    def edgedot_op(plans=None, grouped=False, **options):
+    def edgedot_op(plans=False, grouped=False, **options):
         def make():
             if op is None:
                 raise NotApplicable("edgedot.graph_attention is not available")
-            if plans and case.fresh_graph:
-                raise NotApplicable("a plan is for a static graph")
-            plan_of = plans() if plans else [None] * len(sets)  # built here, outside the timing
+            plan_of = paths.plans() if plans else [None] * len(sets)
 
             def call(i):
                 _, src, dst, ptr = graph(i)
@@ -339,9 +345,6 @@ def attention_paths(case, sets, check, compiled, weights, backward):
                 return op(sets[i].q, sets[i].k, sets[i].v, src, dst, plan=plan_of[i], **extra, **options)
             return op_path(call)
         return make
-
-    def plans():
-        return [edgedot.EdgePlan(s.src_idx, s.dst_idx, case.num_nodes, case.num_nodes) for s in sets]
 
     def edgedot_layer():
         layer_class = getattr(edgedot.nn, "TransformerConv", None)
@@ -375,7 +378,7 @@ def attention_paths(case, sets, check, compiled, weights, backward):
     return {
         "edgedot": edgedot_op(),
         "edgedot_det": edgedot_op(deterministic=True),
-        "edgedot_plan": edgedot_op(plans=plans),
+        "edgedot_plan": edgedot_op(plans=True),
         "edgedot_grouped": edgedot_op(grouped=True),
         # The same without the checks that wait for the device (a trusted loader's batches).
         "edgedot_grouped_unchecked": edgedot_op(grouped=True, check_indices=False),

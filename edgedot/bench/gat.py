@@ -253,9 +253,7 @@ def gat_paths(case, sets, check, compiled, weights, att, backward):
         return op_path(call)
 
     def edgedot_plan():
-        if case.fresh_graph:
-            raise NotApplicable("a plan is for a static graph")
-        plans = [edgedot.EdgePlan(s.src_idx, s.dst_idx, case.num_nodes, case.num_nodes) for s in sets]  # untimed
+        plans = paths.plans()
 
         def call(i):
             _, src, dst, _ = graph(i)
