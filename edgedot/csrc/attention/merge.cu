@@ -2,7 +2,12 @@
 // partial result to its slot; here each (long row, head) combines its chunks' partials in chunk
 // order and writes the row's final values. Rows of few chunks take a warp each; rows of many (hubs)
 // take a whole block, whose warps merge interleaved chunks and then combine in warp order. Every
-// order is fixed, so results are bitwise reproducible.
+// order is fixed, so results are bitwise reproducible. The kernel is instantiated for the columns a
+// lane holds (kCols): 1 for rows of at most 32 columns (a head of 32, GAT's per-head sums), which
+// then keep four times the partials in flight in the same registers (the merge is bound by their
+// latency), else kAttentionMaxDim / 32.
+#include <type_traits>
+
 #include <cub/block/block_scan.cuh>
 
 #include "attention/engine.cuh"
@@ -11,23 +16,27 @@ namespace edgedot {
 
 namespace {
 
-constexpr int kMergeCols = kAttentionMaxDim / 32;  // columns of a row per lane
+constexpr int kMergeMaxCols = kAttentionMaxDim / 32;  // columns of a row per lane, at most
 // Chunks up to which one warp merges a row; beyond, a block of kMergeBlockThreads does.
 constexpr int64_t kWarpMergeChunks = 64;
 constexpr int kMergeBlockThreads = 512;
 constexpr int kMergeWarps = kMergeBlockThreads / 32;
 // Partials loaded before any is combined: the merge is bound by their latency. The warp phase takes
-// more at a time than the hub phase, whose state lives on through its shared-memory combine (both
-// within the 128 registers of a 512-thread block).
-constexpr int kWarpMergeBatch = 8;
-constexpr int kBlockMergeBatch = 4;
+// more at a time than the hub phase, whose state lives on through its shared-memory combine; both
+// hold kBatch x kCols columns within the 128 registers of a 512-thread block (float64 twice the
+// registers: at a batch of 8 and 8 columns the warp phase spills, sm_90). At one column a hub's
+// (row, head) keeps 16 warps x 16 partials in flight instead of 16 x 4.
+template <typename A, int kCols>
+constexpr int kWarpMergeBatch = kCols == 1 ? (sizeof(A) > 4 ? 8 : 16) : (sizeof(A) > 4 ? 2 : 8);
+template <typename A, int kCols>
+constexpr int kBlockMergeBatch = kCols == 1 ? (sizeof(A) > 4 ? 8 : 16) : 4;
 
 // A lane's share of a merged row: columns lane + 32 * i. Softmax merges also carry the running
 // maximum m and sum l (the same on every lane) and whether a chunk was NaN.
-template <typename A, bool kSoftmax>
+template <typename A, bool kSoftmax, int kCols>
 struct MergeState {
   A m, l;
-  A acc[kMergeCols];
+  A acc[kCols];
   bool bad;
 
   __device__ __forceinline__ void init() {
@@ -35,11 +44,11 @@ struct MergeState {
     l = 0;
     bad = false;
 #pragma unroll
-    for (int i = 0; i < kMergeCols; ++i) acc[i] = 0;
+    for (int i = 0; i < kCols; ++i) acc[i] = 0;
   }
 
   // Adds a partial (chunk_max, chunk_sum, cols) where cols[i] is column lane + 32 * i.
-  __device__ __forceinline__ void add(A chunk_max, A chunk_sum, const A (&cols)[kMergeCols], int dim, int lane) {
+  __device__ __forceinline__ void add(A chunk_max, A chunk_sum, const A (&cols)[kCols], int dim, int lane) {
     if constexpr (kSoftmax) {
       if (!(chunk_max == chunk_max) || !(chunk_sum == chunk_sum)) bad = true;
       if (!(chunk_sum > 0)) return;  // a chunk whose edges all scored -inf (or NaN, flagged above)
@@ -48,30 +57,30 @@ struct MergeState {
       l = l * a + chunk_sum * b;
       m = m_new;
 #pragma unroll
-      for (int i = 0; i < kMergeCols; ++i)
+      for (int i = 0; i < kCols; ++i)
         if (lane + 32 * i < dim) acc[i] = fma_accum(cols[i], b, acc[i] * a);
     } else {
 #pragma unroll
-      for (int i = 0; i < kMergeCols; ++i)
+      for (int i = 0; i < kCols; ++i)
         if (lane + 32 * i < dim) acc[i] += cols[i];
     }
   }
 };
 
 // Merges slots first + offset, first + offset + stride, ... below last into s, kBatch at a time.
-template <int kBatch, typename A, bool kSoftmax>
-__device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A* part, const A* part_ml,
+template <int kBatch, typename A, bool kSoftmax, int kCols>
+__device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax, kCols>& s, const A* part, const A* part_ml,
                                             int64_t heads, int64_t h, int dim, int64_t first, int64_t last,
                                             int64_t offset, int64_t stride, int lane) {
   for (int64_t base = first + offset; base < last; base += kBatch * stride) {
-    A cols[kBatch][kMergeCols], chunk_max[kBatch], chunk_sum[kBatch];
+    A cols[kBatch][kCols], chunk_max[kBatch], chunk_sum[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t slot = base + b * stride;
       const bool has = slot < last;
       const A* row = part + (slot * heads + h) * dim;
 #pragma unroll
-      for (int i = 0; i < kMergeCols; ++i) cols[b][i] = has && lane + 32 * i < dim ? row[lane + 32 * i] : A(0);
+      for (int i = 0; i < kCols; ++i) cols[b][i] = has && lane + 32 * i < dim ? row[lane + 32 * i] : A(0);
       if constexpr (kSoftmax) {
         chunk_max[b] = has ? part_ml[2 * (slot * heads + h)] : static_cast<A>(-INFINITY);
         chunk_sum[b] = has ? part_ml[2 * (slot * heads + h) + 1] : A(0);
@@ -88,15 +97,15 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax>& s, const A*
 // Writes the merged row: softmax: out = acc / l and lse = m + log(l), NaN when a chunk was NaN or
 // every edge scored -inf (a long row has edges); sum: out = acc. NaN either way when the row's
 // slots pass the partial buffers (an inconsistent pointer: its chunks were never computed).
-template <typename T, bool kSoftmax>
-__device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax>& s, T* out, accum_t<T>* lse,
+template <typename T, bool kSoftmax, int kCols>
+__device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax, kCols>& s, T* out, accum_t<T>* lse,
                                              int64_t unit, int dim, int lane) {
   using A = accum_t<T>;
   const A nan = static_cast<A>(NAN);
   const bool bad = s.bad || (kSoftmax && !(s.l > 0));
   const A factor = bad ? nan : kSoftmax ? A(1) / s.l : A(1);
 #pragma unroll
-  for (int i = 0; i < kMergeCols; ++i)
+  for (int i = 0; i < kCols; ++i)
     if (lane + 32 * i < dim) out[unit * dim + lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
   if (kSoftmax && lane == 0) lse[unit] = bad ? nan : s.m + accurate_log(s.l);
 }
@@ -107,7 +116,7 @@ __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftm
 // heads and rows of hubs spread over the device: every block lists the hubs the same way (a
 // block-wide scan over the long rows, in order) and takes the units j with j % gridDim.x ==
 // blockIdx.x. The two phases write disjoint rows.
-template <typename T, bool kSoftmax>
+template <typename T, bool kSoftmax, int kCols>
 __global__ void __launch_bounds__(kMergeBlockThreads)
 merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
              accum_t<T>* lse) {
@@ -115,14 +124,12 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
   using Scan = cub::BlockScan<int, kMergeBlockThreads>;
   __shared__ typename Scan::TempStorage scan_temp;
   __shared__ int32_t hubs[kMergeBlockThreads];
-  __shared__ A warp_acc[kMergeWarps][kAttentionMaxDim];
+  __shared__ A warp_acc[kMergeWarps][kCols * 32];
   __shared__ A warp_ml[kMergeWarps][2];
   __shared__ bool warp_bad[kMergeWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t num_long = *c.num_long;
 
-  // float64 partials take twice the registers: at a batch of 8 the warp phase spills (sm_90).
-  constexpr int kWarpBatch = sizeof(A) > 4 ? 2 : kWarpMergeBatch;
   const int64_t grid_warp = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
   const int64_t grid_warps = static_cast<int64_t>(gridDim.x) * kMergeWarps;
   for (int64_t u = grid_warp; u < num_long * heads; u += grid_warps) {
@@ -130,11 +137,11 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
     const int64_t row = c.long_rows[k];
     const int64_t first = c.first_chunk[row], last = c.first_chunk[row + 1];
     if (last - first > kWarpMergeChunks) continue;
-    MergeState<A, kSoftmax> s;
+    MergeState<A, kSoftmax, kCols> s;
     s.init();
     s.bad = last > c.max_slots;
-    if (!s.bad) merge_slots<kWarpBatch>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
-    write_merged<T, kSoftmax>(s, out, lse, row * heads + h, dim, lane);
+    if (!s.bad) merge_slots<kWarpMergeBatch<A, kCols>>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
+    write_merged<T, kSoftmax, kCols>(s, out, lse, row * heads + h, dim, lane);
   }
 
   int64_t hubs_before = 0;  // hubs listed in earlier passes
@@ -154,12 +161,12 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
     for (int64_t j = (block - hubs_before * heads % blocks + blocks) % blocks; j < found * heads; j += blocks) {
       const int64_t hub = hubs[j / heads], h = j % heads;
       const int64_t first = c.first_chunk[hub], last = c.first_chunk[hub + 1];
-      MergeState<A, kSoftmax> s;
+      MergeState<A, kSoftmax, kCols> s;
       s.init();
       s.bad = last > c.max_slots;
-      if (!s.bad) merge_slots<kBlockMergeBatch>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
+      if (!s.bad) merge_slots<kBlockMergeBatch<A, kCols>>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
 #pragma unroll
-      for (int i = 0; i < kMergeCols; ++i)
+      for (int i = 0; i < kCols; ++i)
         if (lane + 32 * i < dim) warp_acc[warp][lane + 32 * i] = s.acc[i];
       if (lane == 0) {
         warp_ml[warp][0] = s.m;
@@ -168,17 +175,17 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
       }
       __syncthreads();
       if (warp == 0) {
-        MergeState<A, kSoftmax> total;
+        MergeState<A, kSoftmax, kCols> total;
         total.init();
         for (int w = 0; w < kMergeWarps; ++w) {
-          A cols[kMergeCols];
+          A cols[kCols];
 #pragma unroll
-          for (int i = 0; i < kMergeCols; ++i) cols[i] = lane + 32 * i < dim ? warp_acc[w][lane + 32 * i] : A(0);
+          for (int i = 0; i < kCols; ++i) cols[i] = lane + 32 * i < dim ? warp_acc[w][lane + 32 * i] : A(0);
           if (warp_bad[w]) total.bad = true;
           // A warp that merged no chunk holds (-inf, 0): add() skips it.
           total.add(kSoftmax ? warp_ml[w][0] : A(0), kSoftmax ? warp_ml[w][1] : A(0), cols, dim, lane);
         }
-        write_merged<T, kSoftmax>(total, out, lse, hub * heads + h, dim, lane);
+        write_merged<T, kSoftmax, kCols>(total, out, lse, hub * heads + h, dim, lane);
       }
       __syncthreads();
     }
@@ -191,20 +198,30 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
 // strides over them.
 int merge_blocks() { return sm_count() * 2; }
 
+// merge_kernel for rows of `dim` columns.
+template <typename T, bool kSoftmax>
+void launch_merge(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, const accum_t<T>* part_ml,
+                  T* out, accum_t<T>* lse, cudaStream_t stream) {
+  const auto launch = [&](auto cols) {
+    merge_kernel<T, kSoftmax, decltype(cols)::value><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(
+        c, heads, static_cast<int>(dim), part, part_ml, out, lse);
+  };
+  if (dim <= 32) launch(std::integral_constant<int, 1>{});
+  else launch(std::integral_constant<int, kMergeMaxCols>{});
+}
+
 }  // namespace
 
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
                           const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream) {
-  merge_kernel<T, true><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
-                                                                            part_ml, out, lse);
+  launch_merge<T, true>(c, heads, dim, part, part_ml, out, lse, stream);
 }
 
 template <typename T>
 void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
                       cudaStream_t stream) {
-  merge_kernel<T, false><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(c, heads, static_cast<int>(dim), part,
-                                                                             nullptr, out, nullptr);
+  launch_merge<T, false>(c, heads, dim, part, nullptr, out, nullptr, stream);
 }
 
 #define EDGEDOT_MERGE(T)                                                                                          \
