@@ -189,9 +189,9 @@ def test_backward_without_key_value_gradients(device, monkeypatch):
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("edge_feat", [False, True])
 def test_long_rows_split_and_merged(dtype, edge_feat):
-    """A destination hub of 6000 edges and a source hub of 5000 (merged by a block), rows of a few
-    chunks (merged by a warp) and ordinary rows: every output and gradient against float64, and
-    bitwise equal on a second run."""
+    """A destination hub of 6000 edges and a source hub of 5000 (under 65 chunks: merged by a warp),
+    rows of a few chunks and ordinary rows: every output and gradient against float64, and bitwise
+    equal on a second run."""
     g = gen(8)
     num_src, num_dst, num_edges, heads, dim = 400, 300, 20000, 2, 32
     q, k, v, ef, src, dst = inputs(num_src, num_dst, num_edges, heads, dim, dim, dtype, g, edge_feat)
@@ -202,6 +202,23 @@ def test_long_rows_split_and_merged(dtype, edge_feat):
     out, dq = full_check(q, k, v, ef, src, dst, p=0.2, seed=77, g=g)
     again, _ = run(q, k, v, ef, src, dst, 1 / math.sqrt(dim), p=0.2, seed=77)
     assert torch.equal(out, again[0])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dims", [(32, 32), (48, 48), (16, 64), (64, 8)], ids=lambda d: f"dim{d[0]}-dimv{d[1]}")
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_hubs_merged_by_blocks(dtype, dims):
+    """A destination hub and a source hub of 12,000 edges each (over 64 chunks: merged by a block),
+    rows of at most 32 columns (merged one column a lane) and wider ones, keys and values of
+    different widths: every output and gradient against float64, the output's bits on a second run."""
+    g = gen(11 + sum(dims))
+    dim, dim_v = dims
+    q, k, v, _, src, dst = inputs(300, 200, 40_000, 2, dim, dim_v, dtype, g, False)
+    dst[:12_000] = 4
+    src[20_000:32_000] = 6
+    out, _ = full_check(q, k, v, None, src, dst, g=g)
+    (again, _, _), _ = run(q, k, v, None, src, dst, 1 / math.sqrt(dim))
+    assert torch.equal(out, again)
 
 
 @requires_cuda
