@@ -112,46 +112,82 @@ __device__ __forceinline__ int64_t slot_row(const RowChunks& c, int64_t slot, in
   return lo;
 }
 
+// The unit of a whole row as a lane of the team reads it ahead (for_each_unit): its row, or ~row
+// when the grouping given is bad for it, and its positions; end < begin: a long row, which its
+// chunks serve.
+struct RowAhead {
+  int32_t row, begin, end;
+};
+
+__device__ __forceinline__ RowAhead row_ahead(const AttentionGrouping& g, const RowChunks& c, int64_t k,
+                                              int64_t num_edges, bool partition) {
+  const int32_t row = c.row_order != nullptr ? __ldg(c.row_order + k) : static_cast<int32_t>(k);
+  const int64_t first = g.offsets[row], last = g.offsets[row + 1];
+  const PositionRange range = clamped_positions(first, last, num_edges);
+  if (c.first_chunk != nullptr && is_long_row(range.end - range.begin, c.chunk)) return {row, 1, 0};
+  bool bad = !partition;
+  if (g.order == nullptr && partition) {
+    // The row's range must lie in [0, num_edges] and hold all its edges: the positions just
+    // outside it are other rows'. Only positions inside the edges are read.
+    bad = first < 0 || last < first || last > num_edges ||
+          (first > 0 && load_index(g.row_idx, g.row_index, first - 1) == row) ||
+          (last < num_edges && load_index(g.row_idx, g.row_index, last) == row);
+  }
+  return {bad ? ~row : row, static_cast<int32_t>(range.begin), static_cast<int32_t>(range.end)};
+}
+
 // Calls f(WorkUnit) for the units of team `team` of `teams`: every (chunk, head) of the long rows,
 // then every (row, head) of a row that is not long, in row_order when there is one. Teams of a warp
 // take adjacent units: the heads of one row, which have equal lengths.
+// A whole row's unit waits on a chain of loads before its first row (its row in row_order, its
+// offsets, then its positions), and a row of few edges or none is bound by that chain. So each lane
+// of the team reads one of the team's next units ahead (RowAhead), all in one round trip, and the
+// team then takes them in turn.
 template <typename F>
 __device__ __forceinline__ void for_each_unit(const AttentionGrouping& g, const RowChunks& c, int64_t num_rows,
-                                              int64_t heads, int64_t num_edges, int64_t team, int64_t teams, F&& f) {
+                                              int64_t heads, int64_t num_edges, const Team& t, int64_t team,
+                                              int64_t teams, F&& f) {
   // The schedule keeps within max_slots; the bound only guards the partial buffers.
   const int64_t slots = c.first_chunk != nullptr ? min(c.first_chunk[num_rows], c.max_slots) : 0;
   // Edges given grouped: the pointer must start at 0, end at num_edges and never decrease.
   const bool partition = g.order != nullptr || (g.offsets[0] == 0 && g.offsets[num_rows] == num_edges);
-  for (int64_t u = team; u < (num_rows + slots) * heads; u += teams) {
-    const int64_t item = u / heads;
+  const int64_t chunk_units = slots * heads, units = (num_rows + slots) * heads;
+  // The lanes' reads ahead, one entry a thread (every pass runs blocks of kBlockThreads): in shared
+  // memory, not in registers that would stay live through f.
+  __shared__ RowAhead rows_ahead[kBlockThreads];
+  RowAhead* team_rows = rows_ahead + (threadIdx.x - t.lane);
+  int window = t.group;  // the place of unit u in the team's window; t.group: read a new one
+  for (int64_t u = team; u < units; u += teams) {
     WorkUnit w;
-    w.head = static_cast<int32_t>(u - item * heads);
-    if (item >= slots) {
-      const int64_t k = item - slots;
-      w.row = c.row_order != nullptr ? c.row_order[k] : static_cast<int32_t>(k);
-      w.slot = -1;
-      const PositionRange range = row_positions(g, w.row, num_edges);
-      if (c.first_chunk != nullptr && is_long_row(range.end - range.begin, c.chunk)) continue;
-      w.begin = static_cast<int32_t>(range.begin);
-      w.end = static_cast<int32_t>(range.end);
-      w.lead = true;
-    } else {
-      w.slot = static_cast<int32_t>(item);
+    if (u < chunk_units) {
+      w.slot = static_cast<int32_t>(u / heads);
+      w.head = static_cast<int32_t>(u - int64_t{w.slot} * heads);
       w.row = static_cast<int32_t>(slot_row(c, w.slot, num_rows));
       const PositionRange range = row_positions(g, w.row, num_edges);
       const int64_t begin = range.begin + (w.slot - c.first_chunk[w.row]) * c.chunk;
       w.begin = static_cast<int32_t>(begin);
       w.end = static_cast<int32_t>(begin + c.chunk < range.end ? begin + c.chunk : range.end);
       w.lead = begin == range.begin;
-    }
-    w.bad = !partition;
-    if (g.order == nullptr && partition) {
-      // The row's range must lie in [0, num_edges] and hold all its edges: the positions just
-      // outside it are other rows'. Only positions inside the edges are read.
-      const int64_t first = g.offsets[w.row], last = g.offsets[w.row + 1];
-      w.bad = first < 0 || last < first || last > num_edges ||
-              (first > 0 && load_index(g.row_idx, g.row_index, first - 1) == w.row) ||
-              (last < num_edges && load_index(g.row_idx, g.row_index, last) == w.row);
+      // The row's own checks, as row_ahead makes them for a whole row (no row_order, no chunks).
+      w.bad = g.order == nullptr && row_ahead(g, RowChunks{}, w.row, num_edges, partition).row < 0;
+    } else {
+      if (window == t.group) {
+        __syncwarp(t.mask);  // the team has read the last window
+        const int64_t mine = u + t.lane * teams;
+        team_rows[t.lane] = mine < units ? row_ahead(g, c, mine / heads - slots, num_edges, partition) : RowAhead{};
+        __syncwarp(t.mask);
+        window = 0;
+      }
+      const RowAhead ahead = team_rows[window++];
+      w.begin = ahead.begin;
+      w.end = ahead.end;
+      const int32_t row = ahead.row;
+      if (w.end < w.begin) continue;  // a long row
+      w.row = row < 0 ? ~row : row;
+      w.bad = row < 0;
+      w.head = static_cast<int32_t>(u % heads);
+      w.slot = -1;
+      w.lead = true;
     }
     f(w);
   }
@@ -424,7 +460,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
   int64_t h = 0;
 
   if (alpha_pass) {
-    for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+    for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, t, thread / group, threads / group,
                   [&](const WorkUnit& w) {
       if (w.begin == w.end) return;  // no edges, no weights
       h = w.head;
@@ -455,7 +491,7 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
 
   // This pass records the dropout (seed, offset) for the backward (the alpha pass draws no mask).
   const uint64_t key = unpack_dropout_key(in.dropout.rng);
-  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, t, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     h = w.head;
     if (w.begin < w.end) side.begin(in, t, w.row, h);  // a row without edges reads no row
@@ -542,7 +578,7 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
   Dst side(in);
-  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, thread / group, threads / group,
+  for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, t, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     const int64_t n = w.row, h = w.head, unit = n * heads + h;
     LaneRow<T, VEC, NV> dout, out;
@@ -620,7 +656,7 @@ attention_backward_src_kernel(typename Score::BackwardArgs a, int group) {
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
-  for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, thread / group, threads / group,
+  for_each_unit(a.src, a.src_chunks, num_src, heads, in.num_edges, t, thread / group, threads / group,
                 [&](const WorkUnit& w) {
     const int64_t s = w.row, h = w.head, unit = s * heads + h;
     Src side(in);
