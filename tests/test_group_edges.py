@@ -1,6 +1,7 @@
-"""The extension's ``group_edges`` (one radix sort and one kernel) against the tensor operations
-of ``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
-grouping it builds against the EdgePlan's. The kernel tests need a GPU."""
+"""The extension's ``group_edges`` (one radix sort and one kernel) and ``group_edges_both`` (the
+groupings by both ends from one sort) against the tensor operations of
+``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
+groupings it builds against the EdgePlan's. The kernel tests need a GPU."""
 
 import pytest
 import torch
@@ -47,6 +48,49 @@ def _check(row_idx, other_idx, num_rows, num_other):
     assert packed.dtype == offsets.dtype == torch.int64
     assert torch.equal(packed, want_packed)
     assert torch.equal(offsets, want_offsets)
+
+
+def _check_both(row_idx, other_idx, num_rows, num_other):
+    """group_edges_both against build_side by each end."""
+    fill_cuda_cache_with_nan()
+    got = cuda_module().group_edges_both(row_idx, other_idx, num_rows, num_other)
+    for i, (rows, others, n, n_other) in enumerate(((row_idx, other_idx, num_rows, num_other),
+                                                     (other_idx, row_idx, num_other, num_rows))):
+        want = build_side(rows, others, n, n_other)
+        assert torch.equal(got[2 * i], want), f"side {i}: packed"
+        assert torch.equal(got[2 * i + 1], group_offsets(want, n)), f"side {i}: offsets"
+
+
+@requires_cuda
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("num_rows", [1, 1000, 200000])
+@pytest.mark.parametrize("num_edges", [0, 1, 100003])
+@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
+def test_both_sides_match_build_side(dtype, num_edges, num_rows, pattern):
+    g = gen(num_edges * 5 + num_rows + PATTERNS.index(pattern))
+    row_idx, other_idx = _indices(pattern, num_edges, num_rows, dtype, g)
+    _check_both(row_idx, other_idx, num_rows, NUM_OTHER)
+
+
+@requires_cuda
+def test_both_sides_mixed_dtypes_strides_and_empty_sides():
+    rows, others = _indices("bad_others", 2 * 5001, 300, torch.int64, gen(6))
+    _check_both(rows[::2], others.int()[1::2], 300, NUM_OTHER)
+    _check_both(others.int()[::2], rows[1::2], NUM_OTHER, 300)
+    _check_both(rows, others, 0, NUM_OTHER)
+    _check_both(rows, others, 300, 0)
+    _check_both(rows, others, 2**24, 2**30)  # keys of both sides up to 2**24 + 2**30 + 1
+
+
+@requires_cuda
+def test_both_sides_hub_both_ways():
+    """A hub on each side, and long runs of rows without edges."""
+    g = gen(7)
+    rows = torch.randint(0, 1000, (60000,), generator=g)
+    others = torch.randint(0, 500, (60000,), generator=g)
+    rows[::3] = 17
+    others[1::2] = 499
+    _check_both(rows.cuda(), others.cuda(), 300000, 200000)
 
 
 @requires_cuda
@@ -96,6 +140,10 @@ def test_bad_arguments():
         cuda_module().group_edges(rows, rows, 2**31, 3)
     with pytest.raises(TypeError, match="other_idx"):
         cuda_module().group_edges(rows, rows.float(), 3, 3)
+    with pytest.raises(ValueError, match="rows on both sides"):  # the two key ranges overflow int32
+        cuda_module().group_edges_both(rows, rows, 2**30, 2**30)
+    with pytest.raises(ValueError, match="one length"):
+        cuda_module().group_edges_both(rows, rows[1:], 3, 3)
 
 
 @requires_cuda
@@ -107,6 +155,56 @@ def test_build_grouping_uses_the_kernel(dtype, monkeypatch):
     assert torch.equal(packed, want) and torch.equal(offsets, group_offsets(want, 50))
     monkeypatch.setattr(attention_ops, "build_side", None)  # the tensor operations are not called
     attention_ops.build_grouping(rows, others, 50, NUM_OTHER)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("max_edges", [attention_ops.BOTH_SIDES_MAX_EDGES, 999])
+def test_build_grouping_both_sides(dtype, max_edges, monkeypatch):
+    """Both groupings, from one sort or (past BOTH_SIDES_MAX_EDGES) from two."""
+    monkeypatch.setattr(attention_ops, "BOTH_SIDES_MAX_EDGES", max_edges)
+    rows, others = _indices("bad_rows", 1000, 50, dtype, gen(8))
+    got = attention_ops.build_grouping(rows, others, 50, NUM_OTHER, both=True)
+    for i, (r, o, n, n_other) in enumerate(((rows, others, 50, NUM_OTHER), (others, rows, NUM_OTHER, 50))):
+        want = build_side(r, o, n, n_other)
+        assert torch.equal(got[2 * i], want) and torch.equal(got[2 * i + 1], group_offsets(want, n))
+
+
+def _groupings_built(monkeypatch):
+    """The ``both`` argument of every build_grouping call of edge_groupings, recorded."""
+    calls = []
+    build = attention_ops.build_grouping
+
+    def recording(*args, both=False):
+        calls.append(both)
+        return build(*args, both=both)
+    monkeypatch.setattr(attention_ops, "build_grouping", recording)
+    return calls
+
+
+@requires_cuda
+def test_forward_builds_the_source_grouping_only_for_source_gradients(monkeypatch):
+    """A forward sorts by both ends where the backward will walk the edges by source (a gradient
+    for k or v; for GAT's x or a_src; GATv2's x_src), else by destination alone."""
+    g = gen(9)
+    n, e, heads, dim = 300, 2000, 2, 16
+    src, dst = (torch.randint(0, n, (e,), generator=g).cuda() for _ in range(2))
+    q, k, v = (rand_feat((n, heads, dim), torch.float32, "cuda", g) for _ in range(3))
+    a_src, a_dst = (rand_feat((n, heads), torch.float32, "cuda", g) for _ in range(2))
+    att = rand_feat((heads, dim), torch.float32, "cuda", g)
+    calls = _groupings_built(monkeypatch)
+    cases = [(lambda t: edgedot.graph_attention(*t, src, dst), (q, k, v), [(1,), (2,)], [(0,), ()]),
+             (lambda t: edgedot.gat_attention(*t, src, dst), (k, a_src, a_dst), [(0,), (1,)], [(2,)]),
+             (lambda t: edgedot.gatv2_attention(*t, att, src, dst), (k, q), [(0,)], [(1,)])]
+    for call, tensors, by_src, by_dst_alone in cases:
+        for grads, want in [(w, True) for w in by_src] + [(w, False) for w in by_dst_alone]:
+            calls.clear()
+            call([t.detach().requires_grad_(i in grads) for i, t in enumerate(tensors)])
+            assert calls == [want], (grads, calls)
+        calls.clear()
+        with torch.no_grad():
+            call([t.detach().requires_grad_() for t in tensors])
+        assert calls == [False]
 
 
 @requires_cuda
@@ -142,3 +240,9 @@ def test_build_grouping_off_cuda_is_build_side(device_type):
         want = build_side(rows, others, 5, 4)
         assert torch.equal(packed, want) and torch.equal(offsets, group_offsets(want, 5))
     assert packed.shape == (12,) and offsets.shape == (6,)
+    got = attention_ops.build_grouping(rows, others, 5, 4, both=True)
+    assert [t.shape for t in got] == [(12,), (6,), (12,), (5,)]
+    if device_type == "cpu":
+        want = build_side(others, rows, 4, 5)
+        assert torch.equal(got[0], packed) and torch.equal(got[2], want)
+        assert torch.equal(got[3], group_offsets(want, 4))

@@ -12,6 +12,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("edge_order", &edgedot::edge_order, "the forward's visit order of the edges, for tests (CUDA)");
   m.def("group_edges", &edgedot::group_edges,
         "edgedot.runtime.plan.build_side and group_offsets in one sort and one kernel: (packed, offsets) (CUDA)");
+  m.def("group_edges_both", &edgedot::group_edges_both,
+        "group_edges by row_idx and by other_idx from one sort: (packed, offsets, other_packed, other_offsets) (CUDA)");
   m.def("graph_flags", &edgedot::graph_flags,
         "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
   m.def("column_sum", &edgedot::column_sum,

@@ -130,7 +130,7 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     scale = _check_scale(q, scale)
     check_options(q.device, dropout_p, generator, plan, check_indices, return_attention, deterministic)
-    groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices)
+    groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices, (k, v))
     out, _, alpha = eager.call(graph_attention_op, _GraphAttentionFunction, q, k, v, edge_feat, src_idx, dst_idx,
                                *groups, float(scale), float(dropout_p), generator, return_attention,
                                check_indices)[:3]
@@ -164,10 +164,12 @@ def check_options(device, dropout_p, generator, plan, check_indices, return_atte
             raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {type(flag).__name__}")
 
 
-def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_indices):
+def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_indices, source_inputs=()):
     """``(dst_group, dst_offsets, src_group, src_offsets)`` for an attention op, from ``plan`` or
     ``dst_ptr`` (checked here against the graph) or built on CUDA; ``src_feat`` / ``dst_feat``
-    have one row per source / destination node."""
+    have one row per source / destination node. ``source_inputs``: the tensors whose gradients
+    the backward computes by walking the edges by source; where one will get a gradient, the
+    grouping by source is built too, from the same sort."""
     if not torch.compiler.is_compiling():
         deferred_checks.raise_found()  # an earlier call's graph the device found bad
     if plan is not None:
@@ -182,8 +184,11 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     if dst_ptr is not None:
         return None, dst_ptr, None, None  # the edges as they are: no grouping to build
     if is_cuda:
-        # Built here, so that the backward reuses it (the source grouping is built there).
-        return build_grouping(dst_idx, src_idx, num_dst, src_feat.shape[0]) + (None, None)
+        # Built here, so that the backward reuses them; without a gradient by source, the backward
+        # builds none.
+        by_src = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in source_inputs)
+        groups = build_grouping(dst_idx, src_idx, num_dst, src_feat.shape[0], both=by_src)
+        return groups if by_src else groups + (None, None)
     return None, None, None, None
 
 
@@ -312,16 +317,34 @@ def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
     check_graph(src_idx, k.shape[0], dst_idx, q.shape[0], dst_ptr)
 
 
-def build_grouping(row_idx, other_idx, num_rows, num_other):
-    """``(build_side(row_idx, other_idx, num_rows, num_other), its group_offsets)``. Plain CUDA
-    tensors outside tracing take one radix sort and one kernel of the extension, which give the same
-    tensors bit for bit; fake, functorch-wrapped or subclassed tensors and ``torch.compile`` keep
-    the tensor operations, which they can trace."""
+# Edges up to which a call needing both groupings sorts both sides' keys at once (one sort's
+# launches instead of two). Past it the launches are a small share of the call, and the one sort's
+# buffers (twice one side's) would raise the peak memory of the forward.
+BOTH_SIDES_MAX_EDGES = 1 << 23
+
+
+def build_grouping(row_idx, other_idx, num_rows, num_other, both=False):
+    """``(build_side(row_idx, other_idx, num_rows, num_other), its group_offsets)``, and with
+    ``both`` the same by ``other_idx`` after them (four tensors). Plain CUDA tensors outside tracing
+    take one radix sort and one kernel of the extension (one sort of both sides' keys, up to
+    ``BOTH_SIDES_MAX_EDGES`` edges), which give the same tensors bit for bit; fake,
+    functorch-wrapped or subclassed tensors and ``torch.compile`` keep the tensor operations, which
+    they can trace."""
     if (not torch.compiler.is_compiling() and type(row_idx) is torch.Tensor and type(other_idx) is torch.Tensor
             and row_idx.is_cuda and not _is_wrapped(row_idx) and not _is_wrapped(other_idx)):
-        return cuda_module().group_edges(row_idx, other_idx, num_rows, num_other)
-    group = build_side(row_idx, other_idx, num_rows, num_other)
-    return group, group_offsets(group, num_rows)
+        ext = cuda_module()
+        if not both:
+            return ext.group_edges(row_idx, other_idx, num_rows, num_other)
+        if row_idx.shape[0] <= BOTH_SIDES_MAX_EDGES:
+            return ext.group_edges_both(row_idx, other_idx, num_rows, num_other)
+        return ext.group_edges(row_idx, other_idx, num_rows, num_other) + \
+            ext.group_edges(other_idx, row_idx, num_other, num_rows)
+    groups = ()
+    for rows, others, n, n_other in ((row_idx, other_idx, num_rows, num_other),
+                                     (other_idx, row_idx, num_other, num_rows))[:2 if both else 1]:
+        group = build_side(rows, others, n, n_other)
+        groups += (group, group_offsets(group, n))
+    return groups
 
 
 def _grouping(group, offsets, row_idx, other_idx, num_rows, num_other):

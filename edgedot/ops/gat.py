@@ -150,7 +150,8 @@ def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, 
     already; the first is the source features, ``dst_rows`` has a row per destination)."""
     _check_slope(negative_slope)
     check_options(tensors[0].device, dropout_p, generator, plan, check_indices, return_attention)
-    groups = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices)
+    groups = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices,
+                            [tensors[i] for i in _SOURCE_INPUTS[op]])
     out, _, alpha, _ = eager.call(op, _EAGER_FUNCTIONS[op], *tensors, src_idx, dst_idx, *groups,
                                   float(negative_slope), float(dropout_p), generator, return_attention, check_indices)
     return (out, alpha) if return_attention else out
@@ -495,12 +496,15 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
     return backward
 
 
+# The forward ops' source-side inputs (positions): their gradients walk the edges by source.
+_SOURCE_INPUTS = {gat_attention_op: (0, 1), gatv2_attention_op: (0,)}
+
 # The forward ops' autograd, and the autograd.Function each takes in eager calls.
 _EAGER_FUNCTIONS = {
-    op: eager.register_autograd(op, name, _make_backward(backward_op, cpu_backward, source_inputs), setup_context,
-                                cpu_forward, cpu_check_graph)
-    for name, op, backward_op, cpu_forward, cpu_check_graph, cpu_backward, source_inputs in (
+    op: eager.register_autograd(op, name, _make_backward(backward_op, cpu_backward, _SOURCE_INPUTS[op]),
+                                setup_context, cpu_forward, cpu_check_graph)
+    for name, op, backward_op, cpu_forward, cpu_check_graph, cpu_backward in (
         ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, _gat_forward_on_cpu,
-         _gat_check_graph_on_cpu, "gat_backward", (0, 1)),
+         _gat_check_graph_on_cpu, "gat_backward"),
         ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, _gatv2_forward_on_cpu,
-         _gatv2_check_graph_on_cpu, "gatv2_backward", (0,)))}
+         _gatv2_check_graph_on_cpu, "gatv2_backward"))}

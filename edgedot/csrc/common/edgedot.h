@@ -82,22 +82,37 @@ void launch_grad_planned(const GradArgs& args, const PlanSide& plan, void* grad,
                          int64_t chunk_edges, ScalarKind scalar, cudaStream_t stream);
 
 // Edges sorted by row (csrc/common/sort_by_row.cu), for num_edges and num_rows below 2**31:
-// keys and positions hold 2 * num_edges entries each (two buffers of num_edges); temp holds
-// sort_by_row_temp_bytes bytes. Returns which buffer (0 or 1) holds the sorted keys (row_idx,
-// with out-of-range rows as num_rows) and the positions of their edges, or -1 if CUB failed.
-size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed);
+// keys and positions hold 2 * num_keys entries each (two buffers of num_keys); temp holds
+// sort_by_row_temp_bytes(num_keys, key_rows) bytes. num_keys is num_edges, key_rows num_rows; with
+// second_idx (rows among num_second_rows on a second side, say the sources), num_keys is
+// 2 * num_edges and key_rows num_rows + 1 + num_second_rows (below 2**31): the second side's
+// entries sort after the first's, so that one sort groups the edges by both. Returns which buffer
+// (0 or 1) holds the sorted keys (row_idx, with out-of-range rows as num_rows; second-side keys
+// offset by num_rows + 1) and the positions of their edges, or -1 if CUB failed.
+size_t sort_by_row_temp_bytes(int64_t num_keys, int64_t key_rows, bool packed);
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
-                       int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream);
+                       int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream,
+                       const void* second_idx = nullptr, IndexKind second_index = IndexKind::i32,
+                       int64_t num_second_rows = 0);
 
-// The grouping of edgedot.runtime.plan.build_side and its group_offsets (csrc/common/group_edges.cu),
-// from the sorted keys and positions of launch_sort_by_row (num_edges entries each, the buffer it
-// returned; unread when num_edges is 0): order[i] = positions[i], row_other[i] = keys[i] << 32 |
-// other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets
-// [num_rows + 1] the first sorted position whose key is >= r. num_edges below 2**31 - 1, num_rows
-// and num_other at most 2**31 - 1.
-void launch_group_edges(const int32_t* keys, const int32_t* positions, const void* other_idx, IndexKind other_index,
-                        int64_t num_edges, int64_t num_rows, int64_t num_other, int64_t* order, uint64_t* row_other,
-                        int64_t* offsets, cudaStream_t stream);
+// One side's grouping (edgedot.runtime.plan.build_side and its group_offsets), written by
+// launch_group_edges: order [E], row_other [E] and offsets [num_rows + 1].
+struct GroupSide {
+  const void* other_idx;  // the other end of each edge
+  IndexKind other_index;
+  int64_t num_rows, num_other;
+  int64_t* order;
+  uint64_t* row_other;
+  int64_t* offsets;
+};
+
+// The groupings (csrc/common/group_edges.cu) from the sorted keys and positions of
+// launch_sort_by_row (its num_keys entries each, the buffer it returned; unread when num_edges is
+// 0), for one side or, with second (not null), two: order[i] = positions[i], row_other[i] = row
+// << 32 | other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets the
+// first sorted position whose row is >= r. num_edges below 2**31 - 1, rows at most 2**31 - 1.
+void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t num_edges, const GroupSide& first,
+                        const GroupSide* second, cudaStream_t stream);
 
 // A sorted edge in 64 bits: its other row in the low half (-1 when out of range), the bits of its
 // heads x grad_out values (at most 4 bytes, head 0 lowest) in the high half.

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <limits>
+#include <vector>
 
 #include "common/torch_common.h"
 
@@ -65,18 +66,22 @@ bool packable_sort(const GradArgs& args, int64_t grad_bytes) {
          args.heads * grad_bytes <= 4;
 }
 
-// edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
-// bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
-// instead of a dozen tensor operations. Never waits for the device.
-std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
-                                               int64_t num_other) {
+namespace {
+
+IndexKind checked_index(const at::Tensor& idx, const char* message) {
+  TORCH_CHECK_TYPE(is_index(idx), message);
+  return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+}
+
+// The groupings of group_edges (by row_idx) and, with both, group_edges_both (also by other_idx):
+// one sort of the edges' keys on every side, then one kernel.
+std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_rows,
+                                    int64_t num_other, bool both) {
   // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
   // shape into a failing check's message crashed the process (NOTES.md).
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK_TYPE(is_index(row_idx), "edgedot: row_idx must be a 1-D int32 or int64 tensor");
-  TORCH_CHECK_TYPE(is_index(other_idx), "edgedot: other_idx must be a 1-D int32 or int64 tensor");
-  const IndexKind row_index = row_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
-  const IndexKind other_index = other_idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
+  const IndexKind row_index = checked_index(row_idx, "edgedot: row_idx must be a 1-D int32 or int64 tensor");
+  const IndexKind other_index = checked_index(other_idx, "edgedot: other_idx must be a 1-D int32 or int64 tensor");
   TORCH_CHECK_VALUE(row_idx.dim() == 1 && other_idx.dim() == 1 && row_idx.size(0) == other_idx.size(0),
                     "edgedot: row_idx and other_idx must be 1-D of one length");
   TORCH_CHECK_VALUE(row_idx.is_cuda() && other_idx.device() == row_idx.device(),
@@ -85,39 +90,75 @@ std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor ot
   TORCH_CHECK_VALUE(num_edges < kMax32, "edgedot: group_edges takes fewer than 2**31 - 1 edges");
   TORCH_CHECK_VALUE(num_rows >= 0 && num_rows <= kMax32 && num_other >= 0 && num_other <= kMax32,
                     "edgedot: num_rows and num_other must lie in [0, 2**31 - 1]");
+  // Keys of both sides share one int32 range: [0, num_rows] then num_rows + 1 + [0, num_other].
+  TORCH_CHECK_VALUE(!both || (2 * num_edges < kMax32 && num_rows + num_other + 1 < kMax32),
+                    "edgedot: group_edges_both takes fewer than 2**30 edges and 2**31 - 2 rows on both sides");
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto options = row_idx.options();
-  at::Tensor packed = at::empty({2 * num_edges}, options.dtype(at::kLong));
-  at::Tensor offsets = at::empty({num_rows + 1}, options.dtype(at::kLong));
+  const at::Tensor rows = row_idx.contiguous();
+  const at::Tensor others = other_idx.contiguous();
+  // A side's outputs: packed [2E] = order | row_other, and offsets [side_rows + 1].
+  std::vector<at::Tensor> out;
+  std::vector<GroupSide> group;
+  auto add_side = [&](const at::Tensor& other, IndexKind kind, int64_t side_rows, int64_t side_other) {
+    at::Tensor packed = at::empty({2 * num_edges}, options.dtype(at::kLong));
+    at::Tensor offsets = at::empty({side_rows + 1}, options.dtype(at::kLong));
+    int64_t* p = packed.data_ptr<int64_t>();
+    group.push_back({other.data_ptr(), kind, side_rows, side_other, p, reinterpret_cast<uint64_t*>(p + num_edges),
+                     offsets.data_ptr<int64_t>()});
+    out.push_back(packed);
+    out.push_back(offsets);
+  };
+  add_side(others, other_index, num_rows, num_other);
+  if (both) add_side(rows, row_index, num_other, num_rows);
   // The sort's keys and positions (two buffers each) and its temporary storage, in one allocation.
   at::Tensor sort_buffer;
   int32_t* keys = nullptr;
   int32_t* positions = nullptr;
   if (num_edges > 0) {
-    const size_t temp_bytes = sort_by_row_temp_bytes(num_edges, num_rows, /*packed=*/false);
+    const int64_t num_keys = (both ? 2 : 1) * num_edges;
+    const int64_t key_rows = both ? num_rows + 1 + num_other : num_rows;
+    const size_t temp_bytes = sort_by_row_temp_bytes(num_keys, key_rows, /*packed=*/false);
     Carving carving;
-    const int64_t at_keys = carving.add(2 * num_edges * sizeof(int32_t));
-    const int64_t at_positions = carving.add(2 * num_edges * sizeof(int32_t));
+    const int64_t at_keys = carving.add(2 * num_keys * sizeof(int32_t));
+    const int64_t at_positions = carving.add(2 * num_keys * sizeof(int32_t));
     const int64_t at_temp = carving.add(static_cast<int64_t>(temp_bytes));
     sort_buffer = at::empty({carving.size()}, options.dtype(at::kByte));
     uint8_t* base = sort_buffer.data_ptr<uint8_t>();
     keys = reinterpret_cast<int32_t*>(base + at_keys);
     positions = reinterpret_cast<int32_t*>(base + at_positions);
-    const at::Tensor rows = row_idx.contiguous();
     const int buffer = launch_sort_by_row(rows.data_ptr(), row_index, num_edges, num_rows, keys, positions,
-                                          base + at_temp, temp_bytes, stream);
+                                          base + at_temp, temp_bytes, stream, both ? others.data_ptr() : nullptr,
+                                          other_index, num_other);
     TORCH_CHECK(buffer >= 0, "edgedot: sorting the edges by row failed");
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    keys += buffer * num_edges;
-    positions += buffer * num_edges;
+    keys += buffer * num_keys;
+    positions += buffer * num_keys;
   }
-  const at::Tensor other = other_idx.contiguous();
-  int64_t* p = packed.data_ptr<int64_t>();
-  launch_group_edges(keys, positions, other.data_ptr(), other_index, num_edges, num_rows, num_other, p,
-                     reinterpret_cast<uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(), stream);
+  launch_group_edges(keys, positions, num_edges, group[0], both ? &group[1] : nullptr, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {packed, offsets};
+  return out;
+}
+
+}  // namespace
+
+// edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
+// bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
+// instead of a dozen tensor operations. Never waits for the device.
+std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
+                                               int64_t num_other) {
+  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/false);
+  return {out[0], out[1]};
+}
+
+// group_edges(row_idx, other_idx, num_rows, num_other) and group_edges(other_idx, row_idx, num_other,
+// num_rows), bit for bit, by one sort (of both sides' keys) and one kernel: a call that needs both
+// groupings (a forward whose backward walks the edges by source) launches half as many kernels.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_edges_both(at::Tensor row_idx, at::Tensor other_idx,
+                                                                            int64_t num_rows, int64_t num_other) {
+  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/true);
+  return {out[0], out[1], out[2], out[3]};
 }
 
 }  // namespace edgedot

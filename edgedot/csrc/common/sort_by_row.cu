@@ -16,15 +16,26 @@ __device__ __forceinline__ int32_t row_key(RowIdx r, int32_t num_rows) {
   return in_range(r, num_rows) ? static_cast<int32_t>(r) : num_rows;
 }
 
-template <typename RowIdx>
+// Keys of the edges' rows: entry e keys row_idx[e]. With second_idx, entries num_edges + e key
+// second_idx[e] after every first-side key (num_rows + 1 + its key among num_second_rows), so that
+// one sort groups the edges by both sides. positions: each entry's edge.
+template <typename RowIdx, typename SecondIdx>
 __global__ void __launch_bounds__(kBlockThreads)
-row_keys_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int32_t num_rows, int32_t* __restrict__ keys,
+row_keys_kernel(const RowIdx* __restrict__ row_idx, const SecondIdx* __restrict__ second_idx, int32_t num_edges,
+                int32_t num_rows, int32_t num_second_rows, int32_t* __restrict__ keys,
                 int32_t* __restrict__ positions) {
-  // 64-bit counter: within one grid stride of 2**31 edges a 32-bit one would wrap negative.
+  // 64-bit counter: within one grid stride of 2**31 entries a 32-bit one would wrap negative.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_edges; e += stride) {
-    keys[e] = row_key(row_idx[e], num_rows);
-    positions[e] = static_cast<int32_t>(e);
+  const int64_t num_keys = second_idx == nullptr ? num_edges : 2 * static_cast<int64_t>(num_edges);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_keys; i += stride) {
+    if (i < num_edges) {
+      keys[i] = row_key(row_idx[i], num_rows);
+      positions[i] = static_cast<int32_t>(i);
+    } else {
+      const int64_t e = i - num_edges;
+      keys[i] = num_rows + 1 + row_key(second_idx[e], num_second_rows);
+      positions[i] = static_cast<int32_t>(e);
+    }
   }
 }
 
@@ -84,20 +95,27 @@ int sort_keys(int32_t* keys, Value* values, int64_t num_edges, int64_t num_rows,
 
 }  // namespace
 
-size_t sort_by_row_temp_bytes(int64_t num_edges, int64_t num_rows, bool packed) {
-  return packed ? temp_bytes_for<uint64_t>(num_edges, num_rows) : temp_bytes_for<int32_t>(num_edges, num_rows);
+size_t sort_by_row_temp_bytes(int64_t num_keys, int64_t key_rows, bool packed) {
+  return packed ? temp_bytes_for<uint64_t>(num_keys, key_rows) : temp_bytes_for<int32_t>(num_keys, key_rows);
 }
 
 int launch_sort_by_row(const void* row_idx, IndexKind row_index, int64_t num_edges, int64_t num_rows, int32_t* keys,
-                       int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream) {
+                       int32_t* positions, void* temp, size_t temp_bytes, cudaStream_t stream, const void* second_idx,
+                       IndexKind second_index, int64_t num_second_rows) {
+  const int64_t num_keys = second_idx == nullptr ? num_edges : 2 * num_edges;
   dispatch_index(row_index, [&](auto ri) {
-    using RowIdx = decltype(ri);
-    auto kernel = row_keys_kernel<RowIdx>;
-    kernel<<<grid_blocks(kernel, num_edges), kBlockThreads, 0, stream>>>(
-        static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), static_cast<int32_t>(num_rows), keys,
-        positions);
+    dispatch_index(second_idx == nullptr ? row_index : second_index, [&](auto si) {
+      using RowIdx = decltype(ri);
+      using SecondIdx = decltype(si);
+      auto kernel = row_keys_kernel<RowIdx, SecondIdx>;
+      kernel<<<grid_blocks(kernel, num_keys), kBlockThreads, 0, stream>>>(
+          static_cast<const RowIdx*>(row_idx), static_cast<const SecondIdx*>(second_idx),
+          static_cast<int32_t>(num_edges), static_cast<int32_t>(num_rows), static_cast<int32_t>(num_second_rows), keys,
+          positions);
+    });
   });
-  return sort_keys(keys, positions, num_edges, num_rows, temp, temp_bytes, stream);
+  const int64_t key_rows = second_idx == nullptr ? num_rows : num_rows + 1 + num_second_rows;
+  return sort_keys(keys, positions, num_keys, key_rows, temp, temp_bytes, stream);
 }
 
 int launch_sort_packed_by_row(const GradArgs& a, IndexKind row_index, IndexKind other_index, int grad_bytes,

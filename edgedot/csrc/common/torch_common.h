@@ -86,4 +86,7 @@ bool packable_sort(const GradArgs& args, int64_t grad_bytes);
 std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
                                                int64_t num_other);
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_edges_both(at::Tensor row_idx, at::Tensor other_idx,
+                                                                            int64_t num_rows, int64_t num_other);
+
 }  // namespace edgedot
