@@ -29,6 +29,10 @@ CASES = [
     ("attn-minibatch-f32-ptr", "graph_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
     ("gat-minibatch-f32-ptr", "gat_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
     ("gatv2-minibatch-f32-ptr", "gatv2_attention", 180_000, 163_840, 4, 32, "float32", 0, "minibatch"),
+    # The same batches with default options (no dst_ptr): each call groups its edges itself.
+    ("attn-minibatch-f32", "graph_attention", 180_000, 163_840, 4, 32, "float32", 0, "fresh"),
+    ("gat-minibatch-f32", "gat_attention", 180_000, 163_840, 4, 32, "float32", 0, "fresh"),
+    ("gatv2-minibatch-f32", "gatv2_attention", 180_000, 163_840, 4, 32, "float32", 0, "fresh"),
     ("gat-arxiv-bf16-plan", "gat_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
     ("gat-products-bf16-plan", "gat_attention", 2_449_029, 30_000_000, 4, 32, "bfloat16", 0, "plan"),
     ("gatv2-arxiv-bf16-plan", "gatv2_attention", 169_343, 1_166_243, 4, 32, "bfloat16", 0, "plan"),
@@ -80,12 +84,12 @@ def worker(names, reps):
         if layout == "plan":
             plan = edgedot.EdgePlan(src, dst, nodes, nodes)
             graphs = [(src, dst, dict(plan=plan))]
-        else:  # a new sorted mini-batch graph every call: 16384 seeds x 10 in-edges
+        else:  # a new sorted mini-batch graph every call: 16384 seeds x 10 in-edges (dst_ptr or not)
             graphs = []
             for i in range(2 * (10 * reps + 5)):  # no index tensor seen twice
                 s = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
                 d = torch.arange(edges // 10, device="cuda").repeat_interleave(10)
-                graphs.append((s, d, dict(dst_ptr=edgedot.index_to_ptr(d, nodes))))
+                graphs.append((s, d, dict(dst_ptr=edgedot.index_to_ptr(d, nodes)) if layout == "minibatch" else {}))
         # Correctness first, on the first graph, against a float64 reference (graphs of up to 4M
         # edges: the reference holds E x H x D float64 values).
         s0, d0, kw0 = graphs[0]

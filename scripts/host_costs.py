@@ -135,7 +135,8 @@ def layers(args):
 
 
 def profile(piece, top=30):
-    """cProfile's costliest functions by own time over ROUNDS * CALLS calls, the device kept busy."""
+    """cProfile's costliest functions by own time, then by time with callees, over ROUNDS * CALLS
+    calls, the device kept busy."""
     import cProfile
     import pstats
     profiler = cProfile.Profile()
@@ -146,7 +147,9 @@ def profile(piece, top=30):
             piece()
         profiler.disable()
         torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
 
 
 if __name__ == "__main__":
