@@ -1,0 +1,62 @@
+"""The host's cost of running a backward on autograd's device thread instead of the calling thread,
+on a CUDA machine: a forward + backward of ``x * 2`` on 4096 floats whose backward is C++ nodes, a
+Python ``autograd.Function``, or a ``torch.compile``d function, each timed with
+``time.perf_counter`` while the device runs a sleep queued ahead of it (only the host's own work
+counts), with ``torch.autograd.set_multithreading_enabled`` on and off. Medians, µs; the
+difference is the hand-over (docs/performance.md; scripts/host_costs.py times graph attention the
+same way).
+
+    python scripts/backward_handoff.py
+"""
+
+import statistics
+import time
+
+import torch
+
+ROUNDS, CALLS = 30, 8
+
+
+class Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def host_us(piece):
+    for _ in range(5):
+        piece()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ROUNDS):
+        torch.cuda._sleep(10_000_000)  # a few ms: longer than CALLS calls take to issue
+        for _ in range(CALLS):
+            begin = time.perf_counter()
+            piece()
+            times.append(time.perf_counter() - begin)
+        torch.cuda.synchronize()
+    return 1e6 * statistics.median(times)
+
+
+def main():
+    x = torch.randn(4096, device="cuda", requires_grad=True)
+    grad = torch.ones(4096, device="cuda")
+    compiled = torch.compile(lambda t: t * 2)
+    pieces = {"C++ nodes": lambda: (x * 2).backward(grad),
+              "Python autograd.Function": lambda: Twice.apply(x).backward(grad),
+              "torch.compile": lambda: compiled(x).backward(grad)}
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; host µs of a forward + backward")
+    for name, piece in pieces.items():
+        on_device_thread = host_us(piece)
+        with torch.autograd.set_multithreading_enabled(False):
+            on_calling_thread = host_us(piece)
+        print(f"{name:26s} device thread {on_device_thread:8.1f}  calling thread {on_calling_thread:8.1f}  "
+              f"difference {on_device_thread - on_calling_thread:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
