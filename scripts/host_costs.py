@@ -1,7 +1,7 @@
 """The host's time to issue single pieces of an attention call on a CUDA machine, so that the
 costliest can be told apart (docs/performance.md, the mini-batch profile's host column).
 
-    python scripts/host_costs.py [--seeds 16384] [--fanout 10] [--dtype float32] [--layers]
+    python scripts/host_costs.py [--seeds 16384] [--fanout 10] [--dtype float32] [--layers] [--threads]
 
 The batch is scripts/profile_minibatch.py's: ``seeds`` destinations with ``fanout`` in-edges each,
 sources among ``11 * seeds`` nodes, 4 heads of 32. Each piece is timed with ``time.perf_counter``
@@ -46,6 +46,9 @@ def main():
     parser.add_argument("--layers", action="store_true",
                         help="time the three layers' forward + backward (edgedot's and PyG's) instead, and "
                              "profile edgedot's by Python function")
+    parser.add_argument("--threads", action="store_true",
+                        help="also trace graph attention's forward + backward with its backward on autograd's "
+                             "device thread and on the calling thread: each span's median length and thread")
     args = parser.parse_args()
     if args.layers:
         layers(args)
@@ -101,6 +104,11 @@ def main():
     with torch.autograd.set_multithreading_enabled(False):
         print(f"{host_us(forward_backward):9.1f}  graph_attention forward + backward, backward on the calling thread")
         profile(forward_backward)
+    if args.threads:
+        for multithreading in (True, False):
+            with torch.autograd.set_multithreading_enabled(multithreading):
+                print(f"\n== spans, backward on the {'device' if multithreading else 'calling'} thread")
+                thread_spans(forward_backward)
 
 
 def layers(args):
@@ -132,6 +140,34 @@ def layers(args):
         for name, step in steps.items():
             print(f"\n== {name}")
             profile(step, top=40)
+
+
+def thread_spans(piece, top=25):
+    """torch.profiler's CPU spans over ROUNDS * CALLS calls of ``piece``, the device kept busy: per
+    span name, its count a call, median µs and the threads it ran on (0: the calling thread, 1,
+    2, ...: others in order of appearance), the costliest first (median times count)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    for _ in range(3):
+        piece()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(ROUNDS):
+            torch.cuda._sleep(10_000_000)
+            for _ in range(CALLS):
+                piece()
+            torch.cuda.synchronize()
+    calls = ROUNDS * CALLS
+    threads, spans = {}, {}
+    # Labelled in order of first appearance: each call starts on the calling thread (0).
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        label = threads.setdefault(event.thread, len(threads))
+        entry = spans.setdefault(event.name, ([], set()))
+        entry[0].append(event.time_range.elapsed_us())
+        entry[1].add(label)
+    rows = sorted(spans.items(), key=lambda item: -statistics.median(item[1][0]) * len(item[1][0]))
+    print(f"{'µs (median)':>12} {'a call':>7}  threads  span")
+    for name, (lengths, labels) in rows[:top]:
+        print(f"{statistics.median(lengths):12.1f} {len(lengths) / calls:7.2f}  {sorted(labels)!s:8} {name[:90]}")
 
 
 def profile(piece, top=30):
