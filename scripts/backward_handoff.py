@@ -1,20 +1,16 @@
 """The host's cost of running a backward on autograd's device thread instead of the calling thread,
 on a CUDA machine: a forward + backward of ``x * 2`` on 4096 floats whose backward is C++ nodes, a
-Python ``autograd.Function``, or a ``torch.compile``d function, each timed with
-``time.perf_counter`` while the device runs a sleep queued ahead of it (only the host's own work
-counts), with ``torch.autograd.set_multithreading_enabled`` on and off. Medians, µs; the
-difference is the hand-over (docs/performance.md; scripts/host_costs.py times graph attention the
-same way).
+Python ``autograd.Function``, or a ``torch.compile``d function, each timed by
+``host_costs.host_us`` (the device busy with a sleep queued ahead, so only the host's own work
+counts) with ``torch.autograd.set_multithreading_enabled`` on and off. Medians, µs; the difference
+is the hand-over (docs/performance.md; scripts/host_costs.py times graph attention the same way).
 
     python scripts/backward_handoff.py
 """
 
-import statistics
-import time
-
 import torch
 
-ROUNDS, CALLS = 30, 8
+from host_costs import host_us  # this folder is on the path of a script run from it
 
 
 class Twice(torch.autograd.Function):
@@ -25,21 +21,6 @@ class Twice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * 2
-
-
-def host_us(piece):
-    for _ in range(5):
-        piece()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(ROUNDS):
-        torch.cuda._sleep(10_000_000)  # a few ms: longer than CALLS calls take to issue
-        for _ in range(CALLS):
-            begin = time.perf_counter()
-            piece()
-            times.append(time.perf_counter() - begin)
-        torch.cuda.synchronize()
-    return 1e6 * statistics.median(times)
 
 
 def main():

@@ -62,17 +62,6 @@ def _check_both(row_idx, other_idx, num_rows, num_other):
 
 
 @requires_cuda
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("num_rows", [1, 1000, 200000])
-@pytest.mark.parametrize("num_edges", [0, 1, 100003])
-@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
-def test_both_sides_match_build_side(dtype, num_edges, num_rows, pattern):
-    g = gen(num_edges * 5 + num_rows + PATTERNS.index(pattern))
-    row_idx, other_idx = _indices(pattern, num_edges, num_rows, dtype, g)
-    _check_both(row_idx, other_idx, num_rows, NUM_OTHER)
-
-
-@requires_cuda
 def test_both_sides_mixed_dtypes_strides_and_empty_sides():
     rows, others = _indices("bad_others", 2 * 5001, 300, torch.int64, gen(6))
     _check_both(rows[::2], others.int()[1::2], 300, NUM_OTHER)
@@ -94,14 +83,16 @@ def test_both_sides_hub_both_ways():
 
 
 @requires_cuda
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("num_rows", [1, 7, 1000, 200000])
 @pytest.mark.parametrize("num_edges", [0, 1, 5, 100003])
 @pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
-def test_matches_build_side(dtype, num_edges, num_rows, pattern):
+def test_matches_build_side(dtype, num_edges, num_rows, pattern, both):
+    """group_edges, and group_edges_both (by each end from one sort), against build_side."""
     g = gen(num_edges * 7 + num_rows + PATTERNS.index(pattern))
     row_idx, other_idx = _indices(pattern, num_edges, num_rows, dtype, g)
-    _check(row_idx, other_idx, num_rows, NUM_OTHER)
+    (_check_both if both else _check)(row_idx, other_idx, num_rows, NUM_OTHER)
 
 
 @requires_cuda
