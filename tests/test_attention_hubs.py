@@ -11,7 +11,8 @@ import edgedot
 from edgedot.ops import attention as attention_ops
 from edgedot.runtime import checks
 from test_attention_cuda import full_check, grouping, inputs, run
-from utils import DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, raises_checked, rand_feat, requires_cuda
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, launched_kernels, raises_checked, rand_feat,
+                   requires_cuda)
 
 
 def sorted_graph(num_src, num_dst, num_edges, device, g, index_dtype=torch.int64, hub=None, hub_edges=0):
@@ -163,21 +164,31 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_without_key_value_gradients(device, monkeypatch):
-    """k and v without gradients: the backward computes dq alone (kv_grad False) and it equals the
-    full backward's dq. (An eager CPU backward calls the implementation itself, with what its
-    forward kept.)"""
+    """k and v without gradients: the backward computes dq alone (kv_grad False: on CUDA no source
+    pass runs) and it equals the full backward's dq. (An eager CPU backward calls the
+    implementation itself, with what its forward kept; an eager CUDA one is the extension's.)"""
     g = gen(7)
     q, k, v = features(30, 20, 2, 8, torch.float32, device, g, requires_grad=False)
     src, dst = sorted_graph(30, 20, 200, device, g)
     grad_out = rand_feat((20, 2, 8), torch.float32, device, g)
     seen = []
-    backward = "_backward_on_cpu" if device == "cpu" else "graph_attention_backward_op"
-    real = getattr(attention_ops, backward)
-    monkeypatch.setattr(attention_ops, backward, lambda *a, **kw: seen.append(a[-1]) or real(*a, **kw))
+    if device == "cpu":
+        real = attention_ops._backward_on_cpu
+        monkeypatch.setattr(attention_ops, "_backward_on_cpu", lambda *a, **kw: seen.append(a[-1]) or real(*a, **kw))
+
+    def gradients(leaves, wanted):
+        def run():
+            gradients.result = torch.autograd.grad(edgedot.graph_attention(*leaves, src, dst), wanted, grad_out)
+        if device == "cuda":
+            seen.append(any("attention_backward_src_kernel" in name for name in launched_kernels(run)))
+        else:
+            run()
+        return gradients.result
+
     q1 = q.clone().requires_grad_()
-    dq_alone, = torch.autograd.grad(edgedot.graph_attention(q1, k, v, src, dst), q1, grad_out)
+    dq_alone, = gradients((q1, k, v), q1)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    dq_full = torch.autograd.grad(edgedot.graph_attention(*leaves, src, dst), leaves, grad_out)[0]
+    dq_full = gradients(leaves, leaves)[0]
     assert seen == [False, True]
     assert torch.equal(dq_alone, dq_full)
 

@@ -5,8 +5,8 @@ import torch
 
 import edgedot
 from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
-                   raises_checked, rand_feat, rand_index, reference, reference64, reference_grads, rel_error,
-                   requires_cuda, skewed_index)
+                   launched_kernels, raises_checked, rand_feat, rand_index, reference, reference64, reference_grads,
+                   rel_error, requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -426,15 +426,6 @@ def test_edge_order_leaves_sorted_edges_alone(sorted_side):
     assert not used
 
 
-def _launched_kernels(fn):
-    """Demangled names of the CUDA kernels fn launches."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def _forward_variants(kernels):
     """(ordered, whole_block) of each forward kernel among demangled kernel names: its template
     arguments kOrdered and kWholeBlock, before kRoundProducts and kDependent (edgedot/csrc/forward.cu)."""
@@ -481,7 +472,7 @@ def test_forward_of_shuffled_graph_larger_than_l2(dtype, heads, index_dtype, lar
         nonlocal out
         out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
 
-    kernels = _launched_kernels(run)
+    kernels = launched_kernels(run)
     assert any("bucket_scatter" in k for k in kernels), kernels
     assert (True, False) in _forward_variants(kernels), kernels
     assert_accurate(out, reference(src, dst, src_idx, dst_idx), reference64(src, dst, src_idx, dst_idx), dtype)
@@ -501,7 +492,7 @@ def test_forward_of_narrow_rows_keeps_the_given_order():
     dst = rand_feat((big, 128), torch.float32, "cuda", g)
     src_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
     dst_idx = rand_index(big, 4 * big, torch.int64, "cuda", g)
-    kernels = _launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
+    kernels = launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
     assert _forward_variants(kernels) == [(False, False)], kernels
     assert not any("bucket" in k for k in kernels), kernels
 
@@ -531,7 +522,7 @@ def test_forward_of_rows_of_one_256_byte_block(dtype, layout, whole_block):
     src, dst = feat(num_src), feat(num_dst)
     src_idx = torch.sort(rand_index(num_src, num_edges, torch.int32, "cuda", g)).values
     dst_idx = rand_index(num_dst, num_edges, torch.int64, "cuda", g)
-    kernels = _launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
+    kernels = launched_kernels(lambda: edgedot.edge_dot(src, dst, src_idx, dst_idx))
     assert _forward_variants(kernels) == [(False, whole_block)], kernels
     fill_cuda_cache_with_nan()
     check_forward(src, dst, src_idx, dst_idx)
@@ -573,7 +564,7 @@ def test_forward_of_small_graphs_is_a_dependent_launch(num_edges, dependent):
     si = rand_index(1024, num_edges, torch.int32, "cuda", g)
     di = rand_index(768, num_edges, torch.int32, "cuda", g)
     out = {}
-    kernels = _launched_kernels(lambda: out.setdefault("v", edgedot.edge_dot(src, dst, si, di)))
+    kernels = launched_kernels(lambda: out.setdefault("v", edgedot.edge_dot(src, dst, si, di)))
     assert [flags[3] for flags in _forward_flags(kernels)] == [dependent]
     ref = edgedot.edge_dot_reference(src.double(), dst.double(), si, di)
     assert_accurate(out["v"], edgedot.edge_dot_reference(src, dst, si, di), ref, torch.float32)

@@ -7,7 +7,7 @@ import torch
 
 import edgedot
 from edgedot.runtime import eager
-from utils import DEVICES, gen, rand_feat, rand_index
+from utils import DEVICES, gen, rand_feat, rand_index, requires_cuda
 
 
 def _calls(device):
@@ -29,7 +29,7 @@ def _run(call, leaves, src, dst, seed):
     leaves = [t.detach().requires_grad_() for t in leaves]
     torch.manual_seed(seed)  # the same dropout draw on both paths
     out = call(leaves, src, dst)
-    grad_fn = type(out.grad_fn).__name__
+    grad_fn = out.grad_fn.name()
     grads = torch.autograd.grad(out, leaves, rand_feat(out.shape, out.dtype, out.device, gen(1)))
     return out, grads, grad_fn
 
@@ -104,3 +104,141 @@ def test_arguments_checked_once_a_call(monkeypatch, device, name):
             torch.ops.edgedot.graph_attention(q, k[:, :1], v, None, src, dst, None, None, None, None, 1.0, 0.0, None,
                                               False, True)
         assert seen == [False]
+
+
+# ------------------------------------------------------------------------------ CUDA: the C++ nodes
+
+
+def _cuda_calls(edge):
+    """name -> (call(leaves, src, dst, **options) -> out, leaves) for the ops with a C++ node on CUDA,
+    with an edge term (its last leaf) where ``edge``."""
+    g = gen(4)
+    num_edges = 200
+
+    def feats(*shapes):
+        return [rand_feat(s, torch.float32, "cuda", g) for s in shapes]
+    qkv = feats((30, 2, 8), (30, 2, 8), (30, 2, 8)) + feats((num_edges, 2, 8)) * edge
+    gat = feats((30, 2, 8), (30, 2), (30, 2)) + feats((num_edges, 2)) * edge
+    gatv2 = feats((30, 2, 8), (30, 2, 8), (2, 8)) + feats((num_edges, 2, 8)) * edge
+
+    def with_edge(fn, keyword):
+        return lambda t, s, d, **kw: fn(*t[:3], s, d, **({keyword: t[3]} if edge else {}), **kw)
+    return {
+        "graph_attention": (with_edge(edgedot.graph_attention, "edge_feat"), qkv),
+        "gat_attention": (with_edge(edgedot.gat_attention, "a_edge"), gat),
+        "gatv2_attention": (with_edge(edgedot.gatv2_attention, "edge_feat"), gatv2),
+    }
+
+
+def _cuda_graph():
+    return rand_index(30, 200, torch.int64, "cuda", gen(2)), rand_index(30, 200, torch.int64, "cuda", gen(3))
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention", "gatv2_attention"])
+@pytest.mark.parametrize("edge", [False, True])
+@pytest.mark.parametrize("wanted", ["all", "first", "last"])
+def test_cuda_node_matches_the_wrapper_bitwise(monkeypatch, name, edge, wanted):
+    """A CUDA call with gradients takes the extension's C++ node (no Python backward), whose
+    outputs and gradients are the wrapper's bit for bit, whichever inputs want gradients."""
+    call, leaves = _cuda_calls(edge)[name]
+    src, dst = _cuda_graph()
+    grad_out = None
+
+    def run():
+        nonlocal grad_out
+        wants = {"all": range(len(leaves)), "first": [0], "last": [len(leaves) - 1]}[wanted]
+        ins = [t.detach().requires_grad_(i in wants) for i, t in enumerate(leaves)]
+        torch.manual_seed(3)
+        out = call(ins, src, dst, dropout_p=0.25)
+        if grad_out is None:
+            grad_out = rand_feat(out.shape, out.dtype, out.device, gen(1))
+        wanted_ins = [t for t in ins if t.requires_grad]
+        return out, torch.autograd.grad(out, wanted_ins, grad_out), out.grad_fn
+
+    out, grads, grad_fn = run()
+    assert not isinstance(grad_fn, torch.autograd.function.BackwardCFunction), grad_fn.name()
+    assert "AttentionFunction" in grad_fn.name(), grad_fn.name()
+    monkeypatch.setattr(eager, "call", lambda op, function, *args: op(*args))
+    out_w, grads_w, grad_fn_w = run()
+    assert "GeneratedBackward" in grad_fn_w.name()
+    assert torch.equal(out, out_w)
+    assert len(grads) == len(grads_w) > 0
+    for a, b in zip(grads, grads_w):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention", "gatv2_attention"])
+def test_cuda_node_groupings_given_or_built(name):
+    """The C++ node with the edges given sorted (``dst_ptr``, int32: the backward sorts by source
+    itself) and with a plan: the gradients of a call that builds its groupings, bit for bit."""
+    call, leaves = _cuda_calls(False)[name]
+    src, dst = _cuda_graph()
+    dst, order = torch.sort(dst, stable=True)
+    src = src[order]
+    grad_out = rand_feat((30, 2, 8), torch.float32, "cuda", gen(1))
+    results = []
+    for options in ({}, {"dst_ptr": edgedot.index_to_ptr(dst, 30).int()},
+                    {"plan": edgedot.EdgePlan(src, dst, 30, 30)}):
+        ins = [t.detach().requires_grad_() for t in leaves]
+        out = call(ins, src, dst, **options)
+        results.append((out,) + torch.autograd.grad(out, ins, grad_out))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention", "gatv2_attention"])
+def test_cuda_node_saved_tensors_and_graph(name):
+    """As a Python Function's: ``retain_graph`` backwards repeat their gradients, a second backward
+    without it raises, ``create_graph`` gives the same first-order gradients, and an input or
+    index tensor modified in place between forward and backward raises instead of giving wrong
+    gradients (a loader refilling its index buffer)."""
+    call, leaves = _cuda_calls(True)[name]
+    src, dst = _cuda_graph()
+    ins = [t.detach().requires_grad_() for t in leaves]
+    out = call(ins, src, dst)
+    grad_out = rand_feat(out.shape, out.dtype, out.device, gen(1))
+    first = torch.autograd.grad(out, ins, grad_out, retain_graph=True)
+    second = torch.autograd.grad(out, ins, grad_out)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(out, ins, grad_out)
+    out = call(ins, src, dst)
+    created = torch.autograd.grad(out, ins, grad_out, create_graph=True)
+    for a, b in zip(first, created):
+        assert torch.equal(a, b.detach())
+    for modify in ("feature", "index"):
+        src_now = src.clone()
+        features = [t * 1 for t in ins]  # not leaves: modifiable in place
+        out = call(features, src_now, dst)
+        (features[0] if modify == "feature" else src_now).add_(0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.backward(grad_out)
+
+
+@requires_cuda
+@pytest.mark.parametrize("sides", [1, 2])
+def test_cuda_node_logits_node(monkeypatch, sides):
+    """GAT's node logits on CUDA take a C++ node too: the wrapper's gradients, bit for bit."""
+    from edgedot.ops.node_logits import gat_node_logits
+    g = gen(5)
+    x = rand_feat((40, 3, 8), torch.float32, "cuda", g)
+    att = rand_feat((3, 8) if sides == 1 else (2, 3, 8), torch.float32, "cuda", g)
+    grad = rand_feat((40, 3) if sides == 1 else (2, 40, 3), torch.float32, "cuda", g)
+
+    def run():
+        ins = [t.detach().requires_grad_() for t in (x, att)]
+        out = gat_node_logits(*ins)
+        return (out,) + torch.autograd.grad(out, ins, grad), out.grad_fn
+
+    got, grad_fn = run()
+    assert "NodeLogitsFunction" in grad_fn.name()
+    assert not isinstance(grad_fn, torch.autograd.function.BackwardCFunction)
+    monkeypatch.setattr(eager, "call", lambda op, function, *args: op(*args))
+    want, _ = run()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -308,3 +308,12 @@ def assert_records_change_nothing(run, monkeypatch):
         results.append(run())
     for with_records, recomputed in zip(*results):
         assert torch.equal(with_records, recomputed)
+
+
+def launched_kernels(fn):
+    """Demangled names of the CUDA kernels ``fn()`` launches."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

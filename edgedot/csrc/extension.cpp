@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "attention/attention_ops.h"
+#include "attention/autograd.h"
 #include "attention/gat_ops.h"
 #include "common/torch_common.h"
 #include "edge_dot/edge_dot_ops.h"
@@ -33,6 +34,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused GATv2 attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gat_backward", &edgedot::gat_backward,
         "gradients of fused GAT attention: (dx, da_src, da_dst, da_edge) (CUDA)");
+  m.def("graph_attention_autograd", edgedot::graph_attention_autograd,
+        "edgedot::graph_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("gat_attention_autograd", edgedot::gat_attention_autograd,
+        "edgedot::gat_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("gatv2_attention_autograd", edgedot::gatv2_attention_autograd,
+        "edgedot::gatv2_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("node_logits_autograd", &edgedot::node_logits_autograd,
+        "edgedot::gat_node_logits with a C++ autograd node (CUDA)");
   m.def("node_logits_forward", &edgedot::node_logits_forward,
         "GAT's per-node logits <x[n, h], att[k, h]>: [N, H] or [2, N, H] in the promoted dtype (CUDA)");
   m.def("node_logits_backward", &edgedot::node_logits_backward,

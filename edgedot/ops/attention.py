@@ -392,8 +392,9 @@ def forward_fake(like, num_dst, channels, num_edges, dropout_p, return_attention
     return out, lse, alpha, dropout.fake_state(like, dropout_p)
 
 
-def _check_graph_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
-    """The CPU forward's check of the graph, every call (``check_indices`` only spares CUDA a wait)."""
+def _check_call_graph(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
+    """The forward's check of the graph: the CPU's, every call (``check_indices`` only spares CUDA
+    a wait), and the eager CUDA call's where ``check_indices``."""
     _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets)
 
 
@@ -412,7 +413,7 @@ def _forward_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, s
                  scale, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         check_op_inputs(q, k, v, edge_feat, src_idx, dst_idx, dropout_p, generator)
-    _check_graph_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
+    _check_call_graph(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
     return _forward_on_cpu(q, k, v, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets,
                            scale, dropout_p, generator, return_attention, check_indices)[0]
 
@@ -516,5 +517,18 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
             d_edge_feat if needs[_EDGE_FEAT] else None) + (None,) * 11
 
 
+def cuda_autograd(name, check_graph):
+    """The eager CUDA call with gradients of a forward op of graph attention's form (arguments
+    checked): ``check_graph(*args)`` where ``check_indices``, then the extension's ``name`` (the
+    forward under a C++ autograd node, csrc/attention/autograd.cpp), which takes
+    :data:`BACKWARD_RECORDS` in place of ``check_indices``."""
+    def call(*args):
+        if args[-1]:
+            check_graph(*args)
+        return getattr(cuda_module(), name)(*args[:-1], BACKWARD_RECORDS)
+    return call
+
+
 _GraphAttentionFunction = eager.register_autograd(graph_attention_op, "GraphAttentionFunction", _backward,
-                                                  setup_context, _forward_on_cpu, _check_graph_on_cpu)
+                                                  setup_context, _forward_on_cpu, _check_call_graph,
+                                                  cuda_autograd("graph_attention_autograd", _check_call_graph))

@@ -28,7 +28,7 @@ from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
 from . import attention as attention_ops
 from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
-                        draw_cpu, edge_groupings, forward_fake, setup_context)
+                        cuda_autograd, draw_cpu, edge_groupings, forward_fake, setup_context)
 from .attention import _check_graph as _check_edges
 
 __all__ = ["gat_attention", "gatv2_attention", "gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op",
@@ -316,13 +316,14 @@ def _forward_on_cpu(cpu_forward, feat, a, b, edge, src_idx, dst_idx, negative_sl
     return (out, lse, alpha, rng_state), kept
 
 
-# The CPU forwards' checks of the graph, every call (check_indices only spares CUDA a wait); the
-# destination rows are a_dst's (GAT) and x_dst's (GATv2).
-def _gat_check_graph_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, *_):
+# The forwards' checks of the graph: the CPU's, every call (check_indices only spares CUDA a wait),
+# and the eager CUDA call's where check_indices; the destination rows are a_dst's (GAT) and
+# x_dst's (GATv2).
+def _gat_check_call_graph(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, *_):
     _check_edges(a_dst, x, src_idx, dst_idx, dst_group, dst_offsets)
 
 
-def _gatv2_check_graph_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
+def _gatv2_check_call_graph(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, *_):
     _check_edges(x_dst, x_src, src_idx, dst_idx, dst_group, dst_offsets)
 
 
@@ -337,7 +338,7 @@ def _gat_forward_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_o
                      negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gat(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    _gat_check_graph_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets)
+    _gat_check_call_graph(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets)
     return _gat_forward_on_cpu(x, a_src, a_dst, a_edge, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                                src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices)[0]
 
@@ -408,7 +409,7 @@ def _gatv2_forward_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group
                        src_offsets, negative_slope, dropout_p, generator, return_attention, check_indices):
     if not eager.arguments_checked():
         _check_gatv2(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, generator)
-    _gatv2_check_graph_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
+    _gatv2_check_call_graph(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets)
     return _gatv2_forward_on_cpu(x_src, x_dst, att, edge_feat, src_idx, dst_idx, dst_group, dst_offsets, src_group,
                                  src_offsets, negative_slope, dropout_p, generator, return_attention,
                                  check_indices)[0]
@@ -502,9 +503,9 @@ _SOURCE_INPUTS = {gat_attention_op: (0, 1), gatv2_attention_op: (0,)}
 # The forward ops' autograd, and the autograd.Function each takes in eager calls.
 _EAGER_FUNCTIONS = {
     op: eager.register_autograd(op, name, _make_backward(backward_op, cpu_backward, _SOURCE_INPUTS[op]),
-                                setup_context, cpu_forward, cpu_check_graph)
-    for name, op, backward_op, cpu_forward, cpu_check_graph, cpu_backward in (
+                                setup_context, cpu_forward, check_graph, cuda_autograd(cuda_name, check_graph))
+    for name, op, backward_op, cpu_forward, check_graph, cpu_backward, cuda_name in (
         ("GatAttentionFunction", gat_attention_op, gat_attention_backward_op, _gat_forward_on_cpu,
-         _gat_check_graph_on_cpu, "gat_backward"),
+         _gat_check_call_graph, "gat_backward", "gat_attention_autograd"),
         ("Gatv2AttentionFunction", gatv2_attention_op, gatv2_attention_backward_op, _gatv2_forward_on_cpu,
-         _gatv2_check_graph_on_cpu, "gatv2_backward"))}
+         _gatv2_check_call_graph, "gatv2_backward", "gatv2_attention_autograd"))}

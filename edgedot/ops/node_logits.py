@@ -118,4 +118,5 @@ def _backward(ctx, grad):
 
 
 _node_logits_op = torch.ops.edgedot.gat_node_logits.default
-_NodeLogitsFunction = eager.register_autograd(_node_logits_op, "NodeLogitsFunction", _backward, _setup_context)
+_NodeLogitsFunction = eager.register_autograd(_node_logits_op, "NodeLogitsFunction", _backward, _setup_context,
+                                              cuda_call=lambda x, att: cuda_module().node_logits_autograd(x, att))

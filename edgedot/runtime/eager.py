@@ -7,7 +7,10 @@ host time. A plain eager call with gradients takes the same ``setup_context`` an
 through an ``autograd.Function`` of its own instead. There, and in plain eager calls without
 gradients, the op is called below the Autograd dispatch keys (what the wrapper's no-grad path does
 after a Python detour of its own: about 12 us a call on a desktop CPU). Anything else calls the op
-as it is.
+as it is. On CUDA an op may have a C++ twin of that Function in the extension (``cuda_call`` of
+:func:`register_autograd`): ``loss.backward()`` runs a CUDA graph's backward on autograd's device
+thread, where a Python backward costs several times its own host work (docs/performance.md), and
+a C++ node's runs no Python.
 
 On the CPU the eager ``autograd.Function`` calls the op's implementation itself (``cpu_forward``
 of :func:`register_autograd`), which returns, besides the op's outputs, what its backward may take
@@ -47,9 +50,13 @@ def _checked(fn, *args):
         _state.checked = previous
 
 
-def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_check_graph=None):
+def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_check_graph=None, cuda_call=None):
     """``torch.library.register_autograd(op, backward, setup_context=setup_context)``; returns the
     ``autograd.Function`` (named ``name``) that :func:`call` takes for eager calls of ``op``. With
+    ``cuda_call`` (``cuda_call(*args)``: the op's outputs with a C++ autograd node of the extension
+    as their ``grad_fn``), eager CUDA calls with gradients take it instead: a backward runs on
+    autograd's device thread, where Python costs several times what it costs on the calling
+    thread, and a C++ node runs none. With
     ``cpu_forward`` (``cpu_forward(*args) -> (output, kept)``: the op's CPU implementation, which
     also returns what its backward may take), CPU calls of the Function run it and leave ``kept``
     to ``backward`` (:func:`take_kept`), after ``cpu_check_graph(*args)`` (the op's check of the
@@ -76,6 +83,7 @@ def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_c
                     {"forward": staticmethod(forward), "backward": staticmethod(checked_backward)})
 
     eager_function = function(name, cpu_check_graph)
+    eager_function.cuda_call = cuda_call
     if cpu_forward is not None:
         eager_function.graph_checked = function(name + "GraphChecked", None)
     return eager_function
@@ -101,8 +109,8 @@ def take_kept(ctx):
 
 
 def call(op, function, *args):
-    """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``) when the call is
-    plain eager autograd: gradients on, some input requiring one, not traced (torch.compile,
+    """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``; on CUDA its
+    ``cuda_call`` where it has one) when the call is plain eager autograd: gradients on, some input requiring one, not traced (torch.compile,
     torch.jit.trace), and every tensor argument a plain ``torch.Tensor`` (no subclass, no functorch
     wrapper); a plain eager call with nothing to differentiate dispatches below Autograd."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
@@ -114,6 +122,9 @@ def call(op, function, *args):
                 return op(*args)
             wants_grad = wants_grad or arg.requires_grad
     if wants_grad and torch.is_grad_enabled():
+        cuda_call = getattr(function, "cuda_call", None)
+        if cuda_call is not None and args[0].is_cuda:
+            return cuda_call(*args)
         return _checked(function.apply, *args)
     with torch._C._AutoDispatchBelowAutograd():  # no gradient to record: the wrapper would do the same
         return _checked(op, *args)

@@ -23,6 +23,7 @@ SOURCES = [
     "csrc/attention/attention_ops.cpp",
     "csrc/attention/gat_ops.cpp",
     "csrc/attention/agnn_ops.cpp",
+    "csrc/attention/autograd.cpp",
     "csrc/common/launch.cu",
     "csrc/common/sort_by_row.cu",
     "csrc/common/group_edges.cu",

@@ -1,0 +1,179 @@
+// Eager autograd on CUDA of the attention ops (attention/autograd.h): one torch::autograd::Function
+// serves graph attention, GAT and GATv2, whose forward and backward take the same arguments; each
+// op is a traits struct naming its extension functions and its source-side inputs.
+#include "attention/autograd.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <tuple>
+
+#include "attention/attention_ops.h"
+#include "attention/gat_ops.h"
+#include "common/torch_common.h"
+
+namespace edgedot {
+namespace {
+
+using at::Tensor;
+using OptionalTensor = c10::optional<at::Tensor>;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Outputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+
+using ForwardFn = Outputs (*)(Tensor, Tensor, Tensor, OptionalTensor, Tensor, Tensor, OptionalTensor, Tensor, double,
+                              double, c10::optional<at::Generator>, bool);
+using BackwardFn = Outputs (*)(Tensor, Tensor, Tensor, Tensor, OptionalTensor, Tensor, Tensor, Tensor, Tensor,
+                               OptionalTensor, Tensor, OptionalTensor, OptionalTensor, double, double, OptionalTensor,
+                               bool, bool, bool);
+// The backward op's schema (edgedot/ops/attention.py, gat.py), for a backward that records a graph.
+using BackwardOp = Outputs(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptionalTensor&,
+                           const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptionalTensor&,
+                           const OptionalTensor&, const OptionalTensor&, const OptionalTensor&, double, double,
+                           const OptionalTensor&, bool, bool);
+
+// The forward's arguments (AttentionAutograd's), and the positions of those saved for the backward.
+constexpr size_t kNumArguments = 15;
+enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng };
+
+OptionalTensor present(const Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
+
+template <class Op>
+struct AttentionFunction : torch::autograd::Function<Op> {
+  static variable_list forward(AutogradContext* ctx, Tensor a, Tensor b, Tensor c, OptionalTensor edge,
+                               Tensor src_idx, Tensor dst_idx, OptionalTensor dst_group, OptionalTensor dst_offsets,
+                               OptionalTensor src_group, OptionalTensor src_offsets, double score_arg,
+                               double dropout_p, c10::optional<at::Generator> generator, bool return_attention,
+                               bool records) {
+    Tensor offsets;
+    if (dst_offsets.has_value()) {
+      offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
+    } else {
+      TORCH_CHECK(!dst_group.has_value(), "edgedot: dst_group needs its dst_offsets");
+      std::tie(dst_group, offsets) =
+          group_edges(dst_idx, src_idx, Op::destinations(a, b, c).size(0), Op::sources(a, b, c).size(0));
+    }
+    auto [out, lse, alpha, rng_state] = Op::kForward(a, b, c, edge, src_idx.contiguous(), dst_idx.contiguous(),
+                                                     dst_group, offsets, score_arg, dropout_p, generator,
+                                                     return_attention);
+    ctx->mark_non_differentiable({lse, alpha, rng_state});
+    ctx->set_materialize_grads(false);  // no zeros of E x H for alpha's absent gradient
+    ctx->save_for_backward({a, b, c, edge.value_or(Tensor()), out, lse, src_idx, dst_idx, dst_group.value_or(Tensor()),
+                            offsets, src_group.value_or(Tensor()), src_offsets.value_or(Tensor()), rng_state});
+    ctx->saved_data["score_arg"] = score_arg;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["records"] = records;
+    return {out, lse, alpha, rng_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(kNumArguments);
+    const Tensor& grad_out = grads[0];
+    if (!grad_out.defined()) return result;  // out's gradient is undefined: so are the inputs'
+    const variable_list s = ctx->get_saved_variables();
+    const bool edge_grad = s[kEdge].defined() && ctx->needs_input_grad(kEdge);
+    bool source_grad = false;
+    for (const size_t input : Op::kSourceInputs) source_grad = source_grad || ctx->needs_input_grad(input);
+    const double score_arg = ctx->saved_data["score_arg"].toDouble();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    Outputs grads_in;
+    if (at::GradMode::is_enabled()) {
+      // A backward recording a graph (create_graph): the backward op, with PyTorch's autograd for it.
+      static const auto op =
+          c10::Dispatcher::singleton().findSchemaOrThrow(Op::kBackwardOp, "").template typed<BackwardOp>();
+      grads_in = op.call(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse], s[kSrcIdx], s[kDstIdx],
+                         present(s[kDstGroup]), s[kDstOffsets], present(s[kSrcGroup]), present(s[kSrcOffsets]),
+                         score_arg, dropout_p, s[kRng], edge_grad, source_grad);
+    } else {
+      OptionalTensor src_group = present(s[kSrcGroup]);
+      Tensor src_offsets = s[kSrcOffsets];
+      if (source_grad && !src_offsets.defined()) {
+        std::tie(src_group, src_offsets) = group_edges(s[kSrcIdx], s[kDstIdx], Op::sources(s[kA], s[kB], s[kC]).size(0),
+                                                       Op::destinations(s[kA], s[kB], s[kC]).size(0));
+      }
+      grads_in = Op::kBackward(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse],
+                               s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
+                               s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],
+                               edge_grad, source_grad, ctx->saved_data["records"].toBool());
+    }
+    const Tensor* wanted[] = {&std::get<0>(grads_in), &std::get<1>(grads_in), &std::get<2>(grads_in),
+                              &std::get<3>(grads_in)};
+    for (size_t i = 0; i < 4; ++i) {
+      if (i < kEdge || s[kEdge].defined()) result[i] = ctx->needs_input_grad(i) ? *wanted[i] : Tensor();
+    }
+    return result;
+  }
+};
+
+// Each op: its extension functions, its source-side inputs (whose gradients walk the edges by
+// source), and which inputs have a row per source and per destination node.
+struct GraphAttentionFunction : AttentionFunction<GraphAttentionFunction> {  // q, k, v, edge_feat
+  static constexpr ForwardFn kForward = attention_forward;
+  static constexpr BackwardFn kBackward = attention_backward;
+  static constexpr const char* kBackwardOp = "edgedot::graph_attention_backward";
+  static constexpr size_t kSourceInputs[] = {kB, kC};
+  static const Tensor& sources(const Tensor&, const Tensor& k, const Tensor&) { return k; }
+  static const Tensor& destinations(const Tensor& q, const Tensor&, const Tensor&) { return q; }
+};
+
+struct GatAttentionFunction : AttentionFunction<GatAttentionFunction> {  // x, a_src, a_dst, a_edge
+  static constexpr ForwardFn kForward = gat_forward;
+  static constexpr BackwardFn kBackward = gat_backward;
+  static constexpr const char* kBackwardOp = "edgedot::gat_attention_backward";
+  static constexpr size_t kSourceInputs[] = {kA, kB};
+  static const Tensor& sources(const Tensor& x, const Tensor&, const Tensor&) { return x; }
+  static const Tensor& destinations(const Tensor&, const Tensor&, const Tensor& a_dst) { return a_dst; }
+};
+
+struct Gatv2AttentionFunction : AttentionFunction<Gatv2AttentionFunction> {  // x_src, x_dst, att, edge_feat
+  static constexpr ForwardFn kForward = gatv2_forward;
+  static constexpr BackwardFn kBackward = gatv2_backward;
+  static constexpr const char* kBackwardOp = "edgedot::gatv2_attention_backward";
+  static constexpr size_t kSourceInputs[] = {kA};
+  static const Tensor& sources(const Tensor& x_src, const Tensor&, const Tensor&) { return x_src; }
+  static const Tensor& destinations(const Tensor&, const Tensor& x_dst, const Tensor&) { return x_dst; }
+};
+
+struct NodeLogitsFunction : torch::autograd::Function<NodeLogitsFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& att) {
+    ctx->save_for_backward({x, att});
+    return node_logits_forward(x, att);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const bool x_grad = ctx->needs_input_grad(0), att_grad = ctx->needs_input_grad(1);
+    std::tuple<Tensor, Tensor> grads_in;
+    if (at::GradMode::is_enabled()) {  // create_graph: the backward op, as for the attention ops
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("edgedot::gat_node_logits_backward", "")
+                                 .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                                                   bool)>();
+      grads_in = op.call(grads[0], s[0], s[1], x_grad, att_grad);
+    } else {
+      grads_in = node_logits_backward(grads[0], s[0], s[1], x_grad, att_grad);
+    }
+    return {x_grad ? std::get<0>(grads_in) : Tensor(), att_grad ? std::get<1>(grads_in) : Tensor()};
+  }
+};
+
+// The extension's entry point of each op: its Function applied.
+template <class Function>
+std::vector<Tensor> apply_attention(Tensor a, Tensor b, Tensor c, OptionalTensor edge, Tensor src_idx, Tensor dst_idx,
+                                    OptionalTensor dst_group, OptionalTensor dst_offsets, OptionalTensor src_group,
+                                    OptionalTensor src_offsets, double score_arg, double dropout_p,
+                                    c10::optional<at::Generator> generator, bool return_attention, bool records) {
+  return Function::apply(a, b, c, edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets, score_arg,
+                         dropout_p, generator, return_attention, records);
+}
+
+}  // namespace
+
+AttentionAutograd* const graph_attention_autograd = apply_attention<GraphAttentionFunction>;
+AttentionAutograd* const gat_attention_autograd = apply_attention<GatAttentionFunction>;
+AttentionAutograd* const gatv2_attention_autograd = apply_attention<Gatv2AttentionFunction>;
+
+at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att) { return NodeLogitsFunction::apply(x, att); }
+
+}  // namespace edgedot

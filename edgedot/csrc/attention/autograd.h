@@ -1,0 +1,29 @@
+// Eager autograd on CUDA of graph attention, GAT, GATv2 and GAT's node logits (attention/autograd.cpp):
+// C++ autograd nodes whose backward runs no Python. A backward on autograd's device thread (every
+// loss.backward() of a CUDA loss) then neither takes the GIL nor touches the caller's Python
+// objects, which cost several times the backward's own host work there.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace edgedot {
+
+// The forward op's arguments (edgedot::graph_attention, gat_attention, gatv2_attention, in that
+// order; check_indices replaced by `records`, BACKWARD_RECORDS of edgedot/ops/attention.py):
+// (out, lse, alpha, rng_state), out differentiable in the four feature tensors.
+using AttentionAutograd = std::vector<at::Tensor>(
+    at::Tensor a, at::Tensor b, at::Tensor c, c10::optional<at::Tensor> edge, at::Tensor src_idx, at::Tensor dst_idx,
+    c10::optional<at::Tensor> dst_group, c10::optional<at::Tensor> dst_offsets, c10::optional<at::Tensor> src_group,
+    c10::optional<at::Tensor> src_offsets, double score_arg, double dropout_p, c10::optional<at::Generator> generator,
+    bool return_attention, bool records);
+
+extern AttentionAutograd* const graph_attention_autograd;
+extern AttentionAutograd* const gat_attention_autograd;
+extern AttentionAutograd* const gatv2_attention_autograd;
+
+// edgedot::gat_node_logits with its gradients.
+at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att);
+
+}  // namespace edgedot
