@@ -16,6 +16,8 @@ import time
 import torch
 
 import edgedot
+from edgedot.ops import attention as attention_ops
+from edgedot.runtime import checks
 from edgedot.runtime.build import cuda_module
 
 HEADS, DIM = 4, 32
@@ -82,6 +84,13 @@ def main():
         "torch.sort (int32, stable)": lambda: torch.sort(dst32, stable=True),
         "torch.cumsum (int64 rows)": lambda: torch.cumsum(flat, 0),
         "ext.graph_flags": lambda: ext.graph_flags(src, num_nodes, dst, num_nodes, None, True, True),
+        "two index clones (in each piece below that takes new indices)": lambda: (src.clone(), dst.clone()),
+        "check_inputs": lambda: attention_ops.check_inputs(q, k, v, src, dst, None),
+        "check_graph, new indices": lambda: checks.check_graph(src.clone(), num_nodes, dst.clone(), num_nodes),
+        "check_graph, the same indices (remembered)": lambda: checks.check_graph(src, num_nodes, dst, num_nodes),
+        "ext.group_edges_both": lambda: ext.group_edges_both(dst, src, num_nodes, num_nodes),
+        "edge_groupings, new indices": lambda: attention_ops.edge_groupings(None, None, kg, qg, src.clone(),
+                                                                            dst.clone(), True, (kg, vg)),
         "ext.group_edges": lambda: ext.group_edges(dst, src, num_nodes, num_nodes),
         "ext.attention_forward, 64 edges (no schedule)": lambda: ext.attention_forward(
             q, k, v, None, small_src, small_dst, small_group, small_offsets, scale, 0.0, None, False),
@@ -93,12 +102,14 @@ def main():
         "graph_attention forward, no grad": lambda: edgedot.graph_attention(q, k, v, src.clone(), dst.clone()),
         "graph_attention forward with grad (no backward)": lambda: edgedot.graph_attention(
             qg, kg, vg, src.clone(), dst.clone()),
+        "graph_attention forward with grad, the same indices": lambda: edgedot.graph_attention(qg, kg, vg, src, dst),
         "graph_attention forward + backward": forward_backward,
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, E={num_edges}, "
           f"N={num_nodes}; host µs per call, device kept busy")
     for name, piece in pieces.items():
         print(f"{host_us(piece):9.1f}  {name}", flush=True)
+        checks.deferred.wait()  # the checks' read-back buffers back for the next piece
     # The backward runs on autograd's device thread; on the calling thread instead, its Python
     # shows in cProfile, and the difference is the hand-over's cost.
     with torch.autograd.set_multithreading_enabled(False):
