@@ -242,3 +242,23 @@ def test_cuda_node_logits_node(monkeypatch, sides):
     want, _ = run()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_cuda_calls_registered_and_cpu_calls_never_take_them(monkeypatch):
+    """The three attention ops and GAT's node logits register a C++ twin for eager CUDA calls; a CPU
+    call with gradients takes the Python Function as before."""
+    import edgedot.ops.attention as attention_ops
+    import edgedot.ops.gat as gat_ops
+    import edgedot.ops.node_logits as node_logits_ops
+    functions = [attention_ops._GraphAttentionFunction, node_logits_ops._NodeLogitsFunction,
+                 *gat_ops._EAGER_FUNCTIONS.values()]
+    for function in functions:
+        assert callable(function.cuda_call)
+        monkeypatch.setattr(function, "cuda_call", lambda *args: pytest.fail("a CPU call took the CUDA node"))
+    for name in ("graph_attention", "gat_attention", "gatv2_attention"):
+        call, leaves = _calls("cpu")[name]
+        src, dst = rand_index(30, 200, torch.int64, "cpu", gen(2)), rand_index(30, 200, torch.int64, "cpu", gen(3))
+        _, _, grad_fn = _run(call, leaves, src, dst, seed=1)
+        assert "AttentionFunction" in grad_fn
+    x, att = (rand_feat(s, torch.float32, "cpu", gen(4)).requires_grad_() for s in ((30, 2, 8), (2, 8)))
+    assert "NodeLogitsFunction" in node_logits_ops.gat_node_logits(x, att).grad_fn.name()
