@@ -71,6 +71,11 @@ at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Ten
 // x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype.
 at::Tensor column_sum(const at::Tensor& x);
 
+// F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
+// (common/linear_autograd.cpp).
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+at::Tensor add_bias_autograd(const at::Tensor& x, const at::Tensor& bias);
+
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sort_by_row(const at::Tensor& grad_out, const at::Tensor& row_idx,
