@@ -17,6 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "group_edges by row_idx and by other_idx from one sort: (packed, offsets, other_packed, other_offsets) (CUDA)");
   m.def("graph_flags", &edgedot::graph_flags,
         "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
+  m.def("graph_flags_into", &edgedot::graph_flags_into,
+        "graph_flags written by the kernel into pinned host memory (host_flags, zeroed here), no copy (CUDA)");
   m.def("column_sum", &edgedot::column_sum,
         "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
   m.def("linear_autograd", &edgedot::linear_autograd,

@@ -65,6 +65,9 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 
 at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                        const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
+void graph_flags_into(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                      const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst,
+                      const at::Tensor& host_flags);
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 
