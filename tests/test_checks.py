@@ -8,7 +8,7 @@ import edgedot
 from edgedot.runtime import checks
 from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
                                     SRC_OUT_OF_RANGE, TensorMemo)
-from utils import DEVICES, gen, raises_checked, rand_feat, requires_cuda
+from utils import DEVICES, gen, launched_kernels, raises_checked, rand_feat, rand_index, requires_cuda
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8
 
@@ -302,3 +302,18 @@ def test_cuda_check_graph_matches_the_tensor_operations():
             want = _flags(ei[0], ei[1], p)
             got = _flags(ei[0].cuda(), ei[1].cuda(), None if p is None else p.cuda())
             assert got == want, (trial, got, want)
+
+
+@requires_cuda
+def test_cuda_check_is_one_kernel_writing_host_memory():
+    """A new graph's check on CUDA launches its kernel alone, which writes the flags into pinned host
+    memory: nothing to zero on the device, no copy back."""
+    g = gen(11)
+    src, dst = rand_index(NUM_SRC, 300, torch.int64, "cuda", g), rand_index(NUM_DST, 300, torch.int32, "cuda", g)
+    launched = launched_kernels(lambda: checks.check_graph(src, NUM_SRC, dst, NUM_DST))
+    assert len(launched) == 1 and "check_graph_kernel" in launched[0], launched
+    checks.deferred.wait()
+    dst[7] = NUM_DST
+    checks.check_graph(src, NUM_SRC, dst, NUM_DST)
+    with pytest.raises(IndexError, match=f"dst_idx holds {NUM_DST}"):
+        checks.deferred.wait()

@@ -99,3 +99,33 @@ def test_without_grad_or_bias():
     x, weight = torch.randn(10, 4), torch.randn(3, 4)
     assert torch.equal(linear(x, weight), F.linear(x, weight))
     assert add_bias(x, None) is x
+
+
+@requires_cuda
+def test_cuda_nodes_and_second_order():
+    """On CUDA, plain tensors and parameters take the extension's C++ nodes (no Python backward);
+    a backward that records a graph gives PyTorch's second-order gradients; a tensor subclass
+    takes PyTorch's own ops."""
+    g = gen(6)
+    x = rand_feat((500, 24), torch.float64, "cuda", g).float()
+    weight = torch.nn.Parameter(rand_feat((40, 24), torch.float32, "cuda", g))
+    bias = torch.nn.Parameter(rand_feat((40,), torch.float32, "cuda", g))
+    for out in (linear(x, weight, bias), add_bias(x[:, :1].expand(-1, 40).contiguous(), bias)):
+        assert not isinstance(out.grad_fn, torch.autograd.function.BackwardCFunction), out.grad_fn.name()
+        assert "Function" in out.grad_fn.name()
+
+    def second_order(fn):
+        w, b = weight.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
+        xs = x.detach().clone().requires_grad_()
+        dx, = torch.autograd.grad(fn(xs, w, b).square().sum(), xs, create_graph=True)
+        return torch.autograd.grad(dx.square().sum(), (w, b))
+
+    for a, b in zip(second_order(linear), second_order(F.linear)):
+        assert rel_error(a, b) < 1e-5
+
+    class Marked(torch.Tensor):
+        pass
+
+    out = linear(x.as_subclass(Marked), weight, bias)
+    assert type(out) is Marked and "LinearFunction" not in out.grad_fn.name(), out.grad_fn.name()
+    assert torch.equal(out.as_subclass(torch.Tensor), F.linear(x, weight, bias))

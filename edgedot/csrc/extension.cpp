@@ -17,8 +17,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "group_edges by row_idx and by other_idx from one sort: (packed, offsets, other_packed, other_offsets) (CUDA)");
   m.def("graph_flags", &edgedot::graph_flags,
         "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
+  m.def("graph_flags_into", &edgedot::graph_flags_into,
+        "graph_flags written by the kernel into pinned host memory (host_flags, zeroed here), no copy (CUDA)");
   m.def("column_sum", &edgedot::column_sum,
         "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
+  m.def("linear_autograd", &edgedot::linear_autograd,
+        "F.linear with a C++ autograd node whose bias gradient is column_sum (CUDA)");
+  m.def("add_bias_autograd", &edgedot::add_bias_autograd,
+        "x + bias with a C++ autograd node whose bias gradient is column_sum (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");
   m.def("attention_forward", &edgedot::attention_forward,
         "fused graph attention over the dst grouping: (out, lse, alpha, rng_state) (CUDA)");

@@ -64,51 +64,17 @@ _column_sum_op = torch.ops.edgedot.column_sum.default
 _ColumnSumFunction = eager.register_autograd(_column_sum_op, "ColumnSumFunction", _backward, _setup_context)
 
 
-def _bias_grad(grad, bias):
-    """The gradient of a bias broadcast along the last dim of ``grad``, in the bias's dtype."""
-    return eager.call(_column_sum_op, _ColumnSumFunction, grad.reshape(-1, bias.shape[0])).to(bias.dtype)
+# Tensors the C++ nodes take as they are: subclasses keep PyTorch's ops (and their __torch_function__).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-# _AddBias and _Linear take ctx in forward (no setup_context): Function.apply binds the arguments
-# of a setup_context function with inspect.signature on every call (50-60 us of host time on an
-# H200's host). Under functorch transforms, which need setup_context, the callers use PyTorch's ops.
-class _AddBias(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, bias):
-        ctx.x_dtype = x.dtype
-        ctx.save_for_backward(bias)
-        return x + bias
-
-    @staticmethod
-    def backward(ctx, grad):
-        (bias,) = ctx.saved_tensors
-        dx = grad.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        return dx, (_bias_grad(grad, bias) if ctx.needs_input_grad[1] else None)
-
-
-class _Linear(torch.autograd.Function):
-    """``F.linear`` of a 2-D ``x`` in the dtypes autocast chose (the caller casts), gradients as
-    PyTorch's ``addmm`` gives them but for the bias's."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight, bias)
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, bias = ctx.saved_tensors
-        dx = grad.mm(weight) if ctx.needs_input_grad[0] else None
-        dweight = grad.t().mm(x) if ctx.needs_input_grad[1] else None
-        dbias = _bias_grad(grad, bias) if bias is not None and ctx.needs_input_grad[2] else None
-        return dx, dweight, dbias
-
-
-def _tall(x, bias):
-    """Whether the column sum pays: a CUDA tensor with a bias, outside torch.compile's tracing
-    (which keeps PyTorch's own ops to fuse) and functorch's transforms."""
-    return (bias is not None and x.is_cuda and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active())
+def _tall(x, bias, *others):
+    """Whether the column sum pays: plain CUDA tensors with a bias, outside torch.compile's tracing
+    (which keeps PyTorch's own ops to fuse) and functorch's transforms. There the extension's C++
+    autograd nodes serve (csrc/common/linear_autograd.cpp): their backward runs no Python on
+    autograd's device thread."""
+    return (bias is not None and x.is_cuda and all(type(t) in _PLAIN for t in (x, bias) + others)
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active())
 
 
 def add_bias(x, bias):
@@ -119,17 +85,17 @@ def add_bias(x, bias):
     if (not _tall(x, bias) or not torch.is_grad_enabled() or not bias.requires_grad or bias.dim() != 1
             or x.dim() == 0 or x.shape[-1] != bias.shape[0]):
         return x + bias
-    return _AddBias.apply(x, bias)
+    return cuda_module().add_bias_autograd(x, bias)
 
 
 def linear(x, weight, bias=None):
     """``F.linear(x, weight, bias)`` for a 2-D ``x``; under autocast ``x``, ``weight`` and ``bias`` are
     cast as autocast casts them for ``F.linear``."""
-    if (x.dim() != 2 or not _tall(x, bias) or not torch.is_grad_enabled() or not bias.requires_grad
+    if (x.dim() != 2 or not _tall(x, bias, weight) or not torch.is_grad_enabled() or not bias.requires_grad
             or torch.float64 in (x.dtype, weight.dtype, bias.dtype)):
         return F.linear(x, weight, bias)
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
     with torch.autocast(x.device.type, enabled=False):
-        return _Linear.apply(x, weight, bias)
+        return cuda_module().linear_autograd(x, weight, bias)

@@ -230,8 +230,8 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
     check_ptr = dst_ptr is not None and not _pointer_agrees(dst_ptr, dst_idx)
     if not (check_src or check_dst or check_ptr):
         return
-    flags = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src,
-                               check_dst)
+    read_back = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src,
+                                   check_dst)
     # Remembered now, as if found right: a call passing the graph again before the verdict is read
     # needs no check of its own (the pending one raises for both). A failed check retracts them.
     records = []
@@ -243,15 +243,19 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
         token = object()
         records += [(_checked_pointers, _checked_pointers.put(dst_ptr, token)),
                     (_checked_pointer_targets, _checked_pointer_targets.put(dst_idx, token))]
-    deferred.submit(flags, records, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+    deferred.submit(read_back, src_idx.device, records, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
 
 
 def launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
-    """The check behind :func:`check_graph`: on CUDA its kernel, launched (the device's int32
-    flags, not yet read); elsewhere :func:`graph_flags`'s bitmask, read back."""
+    """The check behind :func:`check_graph`: on CUDA its kernel, launched into a read-back buffer of
+    :data:`deferred` (returned: pinned int32 flags the kernel writes, not yet read, and the event to
+    record behind it); elsewhere :func:`graph_flags`'s bitmask, read back."""
     if src_idx.is_cuda:
         from .build import cuda_module
-        return cuda_module().graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+        read_back = deferred.buffer(src_idx.device)
+        cuda_module().graph_flags_into(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst,
+                                       read_back[0])
+        return read_back
     return graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
 
@@ -263,39 +267,45 @@ def _pointer_agrees(dst_ptr, dst_idx):
 class DeferredChecks:
     """Graph checks running on the device, whose verdicts the host reads without waiting.
 
-    :meth:`submit` queues a copy of a check's flags into pinned host memory behind the check's
-    kernel, and an event after it. :meth:`raise_found`, which every CUDA check and every attention
-    call makes first, looks at the events without waiting: for each check the device has
-    finished, it drops the check, or, where it failed, retracts what the memos were told (the
-    records) and raises the check's error, naming the argument of the call that passed the bad
-    graph. :meth:`wait` waits for every pending check first (:func:`edgedot.wait_for_checks`).
+    A check's kernel writes its flags straight into pinned host memory, a read-back buffer of
+    :meth:`buffer`; :meth:`submit` queues an event behind it. :meth:`raise_found`, which every
+    CUDA check and every attention call makes first, looks at the events without waiting: for each
+    check the device has finished, it drops the check, or, where it failed, retracts what the memos
+    were told (the records) and raises the check's error, naming the argument of the call that
+    passed the bad graph. :meth:`wait` waits for every pending check first
+    (:func:`edgedot.wait_for_checks`).
 
     A pending check holds the call's index tensors, for the details of its error (their values
     as they are when the error is raised)."""
 
-    # Read-back buffers kept for reuse, per (device, shape, dtype): making a pinned tensor and an
-    # Event costs the host more than the check's launch.
+    # Read-back buffers kept for reuse, per device: making a pinned tensor and an Event costs the
+    # host more than the check's launch.
     MAX_SPARE = 16
+    # int32 flags a check writes (kGraphCheckFlags in csrc/common/edgedot.h).
+    NUM_FLAGS = 5
 
     def __init__(self):
         self._pending = []
         self._spare = {}
         self._lock = threading.Lock()  # threads may call ops at once
 
-    def submit(self, flags, records, graph):
-        """Queues the read-back of ``flags`` (the device's, of a check just launched); ``records``:
-        (memo, record) pairs put for it, retracted if it fails; ``graph``: :func:`check_graph`'s tensors and names."""
-        kind = (flags.device, tuple(flags.shape), flags.dtype)
+    def buffer(self, device):
+        """``(host, done)`` for a check on ``device``: pinned int32 ``[NUM_FLAGS]`` flags, free to
+        write (a spare's check has been read), and its ``torch.cuda.Event``."""
         with self._lock:
-            spare = self._spare.get(kind)
-            host, done = spare.pop() if spare else (None, None)
-        if host is None:
-            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-            done = torch.cuda.Event()
-        host.copy_(flags, non_blocking=True)  # on the current stream of the flags' device
-        done.record(torch.cuda.current_stream(flags.device))
+            spare = self._spare.get(device)
+            if spare:
+                return spare.pop()
+        return torch.empty(self.NUM_FLAGS, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
+
+    def submit(self, read_back, device, records, graph):
+        """Queues the read-back of a check just launched on ``device``'s current stream into
+        ``read_back`` (:meth:`buffer`'s pair); ``records``: (memo, record) pairs put for it,
+        retracted if it fails; ``graph``: :func:`check_graph`'s tensors and names."""
+        host, done = read_back
+        done.record(torch.cuda.current_stream(device))
         with self._lock:
-            self._pending.append((done, host, records, graph, kind))
+            self._pending.append((done, host, records, graph, device))
 
     def raise_found(self, wait=False):
         """Settles every finished check (every pending one with ``wait``); raises the first error.
@@ -310,10 +320,10 @@ class DeferredChecks:
                 (finished if wait or check[0].query() else waiting).append(check)
             self._pending = waiting
         failed = []
-        for done, host, records, graph, kind in finished:
+        for done, host, records, graph, device in finished:
             flags = sum(1 << k for k, bit in enumerate(host.tolist()) if bit)
             with self._lock:  # read: the buffer and its event may serve a later check
-                spare = self._spare.setdefault(kind, [])
+                spare = self._spare.setdefault(device, [])
                 if len(spare) < self.MAX_SPARE:
                     spare.append((host, done))
             if flags:
@@ -328,9 +338,12 @@ class DeferredChecks:
         self.raise_found(wait=True)
 
     def discard(self):
-        """Forgets every pending check, its verdict unread."""
+        """Forgets every pending check, its verdict unread, once the device has run it: its kernel
+        writes into a buffer that, freed before, could be another tensor's memory by then."""
         with self._lock:
-            self._pending = []
+            pending, self._pending = self._pending, []
+        for done, *_ in pending:
+            done.synchronize()
 
 
 deferred = DeferredChecks()

@@ -18,6 +18,7 @@ SOURCES = [
     "csrc/common/graph_checks.cpp",
     "csrc/common/grouping_ops.cpp",
     "csrc/common/column_sum_ops.cpp",
+    "csrc/common/linear_autograd.cpp",
     "csrc/edge_dot/edge_dot_ops.cpp",
     "csrc/attention/dropout_rng.cpp",
     "csrc/attention/attention_ops.cpp",

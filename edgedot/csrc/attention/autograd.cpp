@@ -46,14 +46,9 @@ struct AttentionFunction : torch::autograd::Function<Op> {
                                OptionalTensor src_group, OptionalTensor src_offsets, double score_arg,
                                double dropout_p, c10::optional<at::Generator> generator, bool return_attention,
                                bool records) {
-    Tensor offsets;
-    if (dst_offsets.has_value()) {
-      offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
-    } else {
-      TORCH_CHECK(!dst_group.has_value(), "edgedot: dst_group needs its dst_offsets");
-      std::tie(dst_group, offsets) =
-          group_edges(dst_idx, src_idx, Op::destinations(a, b, c).size(0), Op::sources(a, b, c).size(0));
-    }
+    // Every caller (ops/attention.py's edge_groupings) has grouped the edges by destination.
+    TORCH_CHECK(dst_offsets.has_value(), "edgedot: the CUDA autograd path needs the destination grouping");
+    const Tensor offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
     auto [out, lse, alpha, rng_state] = Op::kForward(a, b, c, edge, src_idx.contiguous(), dst_idx.contiguous(),
                                                      dst_group, offsets, score_arg, dropout_p, generator,
                                                      return_attention);

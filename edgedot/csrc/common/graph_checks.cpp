@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstring>
+
 #include "common/in_range_memo.h"
 #include "common/torch_common.h"
 
@@ -13,14 +15,10 @@ namespace {
 
 IndexKind kind_of(const at::Tensor& idx) { return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64; }
 
-}  // namespace
-
-// Every condition of edgedot/runtime/checks.py:check_graph on the device in one kernel, without a wait:
-// int32 [kGraphCheckFlags] on the indices' device, entry k nonzero when condition k of GraphCheckFlag
-// fails (the pointer's entries only with dst_ptr, the ranges' only when asked). The caller copies
-// it to the host when it is ready to (no host wait here, so a call may queue more work first).
-at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
-                       const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst) {
+// The arguments of graph_flags checked, and its kernel launched on the current stream, writing into
+// `flags` (device-visible, zeroed): the conditions of edgedot/runtime/checks.py:check_graph.
+void launch_graph_check(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                        const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst, int* flags) {
   TORCH_CHECK_VALUE(is_index(src_idx) && is_index(dst_idx) && src_idx.size(0) == dst_idx.size(0) && src_idx.is_cuda() &&
                         dst_idx.device() == src_idx.device(),
                     "edgedot: graph_flags needs src_idx and dst_idx 1-D int32 or int64 of one length on one CUDA "
@@ -32,8 +30,6 @@ at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Ten
                       "device");
   }
   const c10::cuda::CUDAGuard guard(src_idx.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor flags = at::zeros({kGraphCheckFlags}, src_idx.options().dtype(at::kInt));
   const bool has_ptr = dst_ptr.has_value();
   GraphCheckArgs args{src_idx.data_ptr(),
                       dst_idx.data_ptr(),
@@ -46,10 +42,46 @@ at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Ten
                       num_dst,
                       check_src,
                       check_dst,
-                      flags.data_ptr<int>()};
-  launch_check_graph(args, kind_of(src_idx), kind_of(dst_idx), has_ptr ? kind_of(*dst_ptr) : IndexKind::i64, stream);
+                      flags};
+  launch_check_graph(args, kind_of(src_idx), kind_of(dst_idx), has_ptr ? kind_of(*dst_ptr) : IndexKind::i64,
+                     c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+// Every condition of edgedot/runtime/checks.py:check_graph on the device in one kernel, without a wait:
+// int32 [kGraphCheckFlags] on the indices' device, entry k nonzero when condition k of GraphCheckFlag
+// fails (the pointer's entries only with dst_ptr, the ranges' only when asked). The caller copies
+// it to the host when it is ready to (no host wait here, so a call may queue more work first).
+at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                       const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst) {
+  at::Tensor flags = at::zeros({kGraphCheckFlags}, src_idx.options().dtype(at::kInt));
+  launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst, flags.data_ptr<int>());
   return flags;
+}
+
+// graph_flags written by the kernel straight into host_flags, pinned int32 [kGraphCheckFlags] CPU
+// memory (zeroed here; the caller reads it once an event recorded after this call has completed):
+// no device buffer to zero and no copy back, two launches fewer than graph_flags and a copy.
+void graph_flags_into(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                      const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst,
+                      const at::Tensor& host_flags) {
+  TORCH_CHECK_VALUE(host_flags.device().is_cpu() && host_flags.scalar_type() == at::kInt &&
+                        host_flags.numel() == kGraphCheckFlags && host_flags.is_contiguous(),
+                    "edgedot: graph_flags_into needs host_flags a contiguous pinned int32 CPU tensor of ",
+                    static_cast<int>(kGraphCheckFlags), " elements");
+  void* device_view = nullptr;
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host_flags.data_ptr(), 0);
+  if (mapped != cudaSuccess) {
+    (void)cudaGetLastError();  // not a launch's error: clear it for the checks that follow
+    TORCH_CHECK_VALUE(false, "edgedot: graph_flags_into needs host_flags in pinned memory the device can write: ",
+                      cudaGetErrorString(mapped));
+  }
+  // The buffer's previous check, if any, has completed (the caller waited for its event).
+  std::memset(host_flags.data_ptr(), 0, kGraphCheckFlags * sizeof(int));
+  launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst,
+                     static_cast<int*>(device_view));
 }
 
 InRangeMemo& in_range_memo() {

@@ -65,11 +65,19 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 
 at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                        const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
+void graph_flags_into(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                      const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst,
+                      const at::Tensor& host_flags);
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 
 // x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype.
 at::Tensor column_sum(const at::Tensor& x);
+
+// F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
+// (common/linear_autograd.cpp).
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+at::Tensor add_bias_autograd(const at::Tensor& x, const at::Tensor& bias);
 
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
 
