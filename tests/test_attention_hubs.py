@@ -9,9 +9,8 @@ import torch
 
 import edgedot
 from edgedot.ops import attention as attention_ops
-from edgedot.runtime import checks
 from test_attention_cuda import full_check, grouping, inputs, run
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, dtype_id, gen, launched_kernels, raises_checked, rand_feat,
+from utils import (DEVICES, FEAT_DTYPES, count_graph_checks, INDEX_DTYPES, dtype_id, gen, launched_kernels, raises_checked, rand_feat,
                    requires_cuda)
 
 
@@ -144,9 +143,7 @@ def test_dst_ptr_checked_once_per_tensor(device, monkeypatch):
     """On CUDA the pointer is checked against dst_idx once (in the one fused check of the call),
     then remembered until either changes; the CPU, which remembers nothing, checks every call."""
     q, k, v, src, dst, ptr = small_sorted_case(6, 60, device)
-    calls = []
-    real = checks.launch_graph_flags
-    monkeypatch.setattr(checks, "launch_graph_flags", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = count_graph_checks(monkeypatch)
     for _ in range(3):
         edgedot.graph_attention(q, k, v, src, dst, dst_ptr=ptr)
     checked = 3 if device == "cpu" else 1

@@ -8,24 +8,16 @@ import edgedot
 from edgedot.runtime import checks
 from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
                                     SRC_OUT_OF_RANGE, TensorMemo)
-from utils import DEVICES, gen, launched_kernels, raises_checked, rand_feat, rand_index, requires_cuda
+from utils import DEVICES, count_graph_checks, gen, launched_kernels, raises_checked, rand_feat, rand_index, requires_cuda
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8
 
 
 @pytest.fixture
 def waits(monkeypatch):
-    """One entry per fused check (on CUDA, one wait for the device each): (check_src, check_dst,
-    with dst_ptr)."""
-    calls = []
-    real = checks.launch_graph_flags
-
-    def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
-        calls.append((check_src, check_dst, dst_ptr is not None))
-        return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
-
-    monkeypatch.setattr(checks, "launch_graph_flags", counted)
-    return calls
+    """One entry per fused check (on CUDA, one launch of the device's check each): (check_src,
+    check_dst, check_ptr)."""
+    return count_graph_checks(monkeypatch)
 
 
 def _qkv(device, seed=0):

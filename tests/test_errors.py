@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import edgedot
-from utils import (DEVICES, assert_accurate, raises_checked, check_forward, gen, rand_feat, rand_index, reference,
+from utils import (DEVICES, assert_accurate, count_graph_checks, raises_checked, check_forward, gen, rand_feat, rand_index, reference,
                    reference64, reference_grads, rel_error, requires_cuda, requires_2_gpus)
 
 NUM_SRC, NUM_DST, NUM_EDGES, DIM = 9, 13, 40, 8  # NUM_SRC < NUM_DST: catches checking against the wrong N
@@ -316,7 +316,8 @@ def test_cuda_devices_mixed():
         _call(a, plan=plan)
 
 
-# Index tensors found in range are remembered (edgedot.runtime.checks.InRangeIndices) until they change.
+# Index tensors found in range are remembered (the extension's memos; edgedot.runtime.checks.TensorMemo's rule)
+# until they change.
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_index_modified_in_place_after_a_checked_call_is_checked_again(device):
@@ -352,18 +353,9 @@ def test_index_view_shares_the_check_of_its_storage_writes(device):
 
 @pytest.fixture
 def count_range_checks(monkeypatch):
-    """Counts the passes over index tensors that edge_dot's CPU path and graph_attention make
-    (``graph_flags``: on CUDA one wait for the device each), by the index tensors each covers."""
-    from edgedot.runtime import checks
-    calls = []
-    real = checks.launch_graph_flags
-
-    def counted(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
-        calls.extend(["src_idx"] * check_src + ["dst_idx"] * check_dst)
-        return real(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
-
-    monkeypatch.setattr(checks, "launch_graph_flags", counted)
-    return calls
+    """One ``(check_src, check_dst, check_ptr)`` entry per pass over the index tensors that
+    edge_dot's CPU path and graph_attention make (on CUDA each launch of the device's check)."""
+    return count_graph_checks(monkeypatch)
 
 
 def _attention_args(device):
@@ -394,10 +386,10 @@ def test_views_made_anew_each_call_are_checked_once(device, op, count_range_chec
     for _ in range(4):
         torch.testing.assert_close(call(), first, rtol=0, atol=0)
     calls = 5 if device == "cpu" else 1
-    assert count_range_checks == ["src_idx", "dst_idx"] * calls
+    assert count_range_checks == [(True, True, False)] * calls
     edge_index[1, 2] = 0  # in range, but a write: both views' entries are stale
     call()
-    assert count_range_checks == ["src_idx", "dst_idx"] * (calls + 1)
+    assert count_range_checks == [(True, True, False)] * (calls + 1)
     edge_index[0, 3] = NUM_SRC
     with raises_checked(IndexError, match="src_idx"):
         call()
@@ -457,14 +449,13 @@ def test_cuda_memo_of_many_graphs_stays_correct():
 
 
 def test_remembered_indices_do_not_outlive_their_tensors():
-    from edgedot.runtime.checks import InRangeIndices
-    cache = InRangeIndices()
+    from edgedot.runtime.checks import TensorMemo
+    memo = TensorMemo()
     idx = torch.arange(10)
-    cache.put(idx, 10)
-    assert cache.covers_rows(idx, 10) and cache.covers_rows(idx, 11) and not cache.covers_rows(idx, 9)
-    assert not cache.covers_rows(idx.clone(), 10)
+    memo.put(idx, 10)
+    assert memo.get(idx) == 10 and memo.get(idx.clone()) is None
     del idx
-    assert not cache._entries
+    assert not memo._entries
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,7 +8,7 @@ import torch
 
 import edgedot
 from edgedot.runtime import checks
-from utils import gen, rand_feat, raises_checked, rel_error, requires_cuda
+from utils import count_graph_checks, gen, rand_feat, raises_checked, rel_error, requires_cuda
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 
@@ -106,9 +106,7 @@ def test_layer_reports_the_edge_index_row():
 def test_pending_check_covers_the_same_graph_once(monkeypatch):
     """The graph passed again before its verdict is read is not checked again; a graph found bad
     is forgotten, so passing it again checks it again."""
-    launched = []
-    real = checks.launch_graph_flags
-    monkeypatch.setattr(checks, "launch_graph_flags", lambda *a: launched.append(1) or real(*a))
+    launched = count_graph_checks(monkeypatch)
     g = gen(4)
     call = _ops("cuda", g)["graph_attention"]
     ei = _batch(g, "cuda")

@@ -317,3 +317,28 @@ def launched_kernels(fn):
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def count_graph_checks(monkeypatch):
+    """A list that gets one ``(check_src, check_dst, check_ptr)`` entry per pass of
+    :func:`edgedot.runtime.checks.check_graph` over a graph's tensors: on the CPU every call's
+    (both ranges, and the pointer where given); on CUDA each launch of the device's check, with
+    the parts no memo covered (a call whose graph is remembered adds none)."""
+    from edgedot.runtime import checks
+    calls = []
+    cpu_flags, launch = checks.graph_flags, checks.launch_graph_check
+
+    def counted_cpu(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
+        calls.append((check_src, check_dst, dst_ptr is not None))
+        return cpu_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
+
+    def counted_launch(*args):
+        launched = launch(*args)
+        if launched:
+            calls.append(tuple(bool(launched & part)
+                               for part in (checks.CHECKED_SRC, checks.CHECKED_DST, checks.CHECKED_PTR)))
+        return launched
+
+    monkeypatch.setattr(checks, "graph_flags", counted_cpu)
+    monkeypatch.setattr(checks, "launch_graph_check", counted_launch)
+    return calls

@@ -17,8 +17,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "group_edges by row_idx and by other_idx from one sort: (packed, offsets, other_packed, other_offsets) (CUDA)");
   m.def("graph_flags", &edgedot::graph_flags,
         "src_idx, dst_idx and dst_ptr validated in one kernel, no wait: int32 flags of failed conditions (CUDA)");
-  m.def("graph_flags_into", &edgedot::graph_flags_into,
-        "graph_flags written by the kernel into pinned host memory (host_flags, zeroed here), no copy (CUDA)");
+  m.def("graph_check_launch", &edgedot::graph_check_launch,
+        "the deferred check of the parts of a graph not remembered, its flags written into pinned host_flags: "
+        "the parts launched as bits 1 (src_idx), 2 (dst_idx), 4 (dst_ptr) (CUDA)");
+  m.def("graph_check_forget", &edgedot::graph_check_forget,
+        "forgets the parts of a graph graph_check_launch remembered, for a bad verdict (CUDA)");
   m.def("column_sum", &edgedot::column_sum,
         "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
   m.def("linear_autograd", &edgedot::linear_autograd,

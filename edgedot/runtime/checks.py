@@ -137,13 +137,13 @@ class TensorMemo:
         return entry[4]
 
     def put(self, idx, fact):
-        """Records ``fact`` (not None) for ``idx`` as it is now; returns the record, for
-        :meth:`retract` (None where nothing could be recorded)."""
+        """Records ``fact`` (not None) for ``idx`` as it is now (nothing for a tensor without a
+        version counter or a storage of its own)."""
         if idx.is_inference():  # no version counter: checked on every call
-            return None
+            return
         key, storage = _key_of(idx)
         if key is None:
-            return None
+            return
         base = idx._base if idx._is_view() else idx
         entries = self._entries
 
@@ -153,12 +153,6 @@ class TensorMemo:
 
         entry = (weakref.ref(storage, drop), weakref.ref(base, drop), idx._version, storage.data_ptr(), fact)
         entries[key] = entry
-        return key, entry
-
-    def retract(self, record):
-        """Removes a record of :meth:`put` unless another has replaced it."""
-        if record is not None and self._entries.get(record[0]) is record[1]:
-            del self._entries[record[0]]
 
 
 def _key_of(idx):
@@ -171,26 +165,11 @@ def _key_of(idx):
     return (id(storage), idx.storage_offset(), tuple(idx.shape), idx.stride(), idx.dtype, idx.device), storage
 
 
-class InRangeIndices(TensorMemo):
-    """Index tensors already found inside ``[0, num_rows)`` (the fact is ``num_rows``), for
-    :func:`check_graph` (CUDA tensors only); ``edge_dot``'s CUDA forward keeps the same
-    record, by the same rule, in the extension (``InRangeMemo`` in ``csrc/common/in_range_memo.h``). The
-    kernels never read out of range whatever this says: an index changed behind PyTorch's back
-    yields NaN, not a crash."""
-
-    def covers_rows(self, idx, num_rows):
-        """Whether ``idx`` is unchanged since it was found in range for at most ``num_rows`` rows."""
-        known = self.get(idx)
-        return known is not None and known <= num_rows
-
-
-in_range_indices = InRangeIndices()
-# A pointer found to agree with an index tensor: both hold one token, each until its tensor changes.
-_checked_pointers = TensorMemo()
-_checked_pointer_targets = TensorMemo()
-
 # Bits of graph_flags' answer (GraphCheckFlag in csrc/edgedot.h).
 SRC_OUT_OF_RANGE, DST_OUT_OF_RANGE, PTR_ENDS_WRONG, PTR_DECREASES, PTR_DISAGREES = 1, 2, 4, 8, 16
+
+# Parts of a graph launch_graph_check checked (kGraphCheck* in csrc/common/torch_common.h).
+CHECKED_SRC, CHECKED_DST, CHECKED_PTR = 1, 2, 4
 
 # The names a graph's tensors go by in errors: (source indices, destination indices, pointer).
 OP_NAMES = ("src_idx", "dst_idx", "dst_ptr")
@@ -218,50 +197,31 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
     version counter (``.data``, DLPack) is then not seen, with the same safe outcome. Nothing is
     launched while a CUDA graph is captured (a replay could not report what it found)."""
     if not src_idx.is_cuda:
-        flags = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, True, True)
+        flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, True, True)
         if flags:
             _raise_graph_error(flags, src_idx, num_src, dst_idx, num_dst, dst_ptr, names)
         return
     if torch.cuda.is_current_stream_capturing():
         return
     deferred.raise_found()
-    check_src = not in_range_indices.covers_rows(src_idx, num_src)
-    check_dst = not in_range_indices.covers_rows(dst_idx, num_dst)
-    check_ptr = dst_ptr is not None and not _pointer_agrees(dst_ptr, dst_idx)
-    if not (check_src or check_dst or check_ptr):
-        return
-    read_back = launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr if check_ptr else None, check_src,
-                                   check_dst)
-    # Remembered now, as if found right: a call passing the graph again before the verdict is read
-    # needs no check of its own (the pending one raises for both). A failed check retracts them.
-    records = []
-    if check_src:
-        records.append((in_range_indices, in_range_indices.put(src_idx, num_src)))
-    if check_dst:
-        records.append((in_range_indices, in_range_indices.put(dst_idx, num_dst)))
-    if check_ptr:
-        token = object()
-        records += [(_checked_pointers, _checked_pointers.put(dst_ptr, token)),
-                    (_checked_pointer_targets, _checked_pointer_targets.put(dst_idx, token))]
-    deferred.submit(read_back, src_idx.device, records, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+    read_back = deferred.buffer(src_idx.device)
+    launched = launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, read_back[0])
+    if launched:
+        deferred.submit(read_back, src_idx.device, launched, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+    else:
+        deferred.give_back(read_back, src_idx.device)
 
 
-def launch_graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
-    """The check behind :func:`check_graph`: on CUDA its kernel, launched into a read-back buffer of
-    :data:`deferred` (returned: pinned int32 flags the kernel writes, not yet read, and the event to
-    record behind it); elsewhere :func:`graph_flags`'s bitmask, read back."""
-    if src_idx.is_cuda:
-        from .build import cuda_module
-        read_back = deferred.buffer(src_idx.device)
-        cuda_module().graph_flags_into(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst,
-                                       read_back[0])
-        return read_back
-    return graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
-
-
-def _pointer_agrees(dst_ptr, dst_idx):
-    token = _checked_pointers.get(dst_ptr)
-    return token is not None and _checked_pointer_targets.get(dst_idx) is token
+def launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, host_flags):
+    """The device's check behind :func:`check_graph` on CUDA (``csrc/common/graph_checks.cpp``): the
+    parts of the graph no earlier check covers, checked by one kernel writing its flags into
+    ``host_flags`` (pinned, of :data:`deferred`) and remembered at once, as if found right (a call
+    passing the graph again before the verdict is read needs no check of its own; a bad verdict
+    forgets them). The memos follow :class:`TensorMemo`'s rule, in the extension, where a lookup
+    costs a fraction of Python's. Returns the parts launched, ``CHECKED_SRC | CHECKED_DST |
+    CHECKED_PTR`` bits (0: nothing launched)."""
+    from .build import cuda_module
+    return cuda_module().graph_check_launch(src_idx, num_src, dst_idx, num_dst, dst_ptr, host_flags)
 
 
 class DeferredChecks:
@@ -270,8 +230,8 @@ class DeferredChecks:
     A check's kernel writes its flags straight into pinned host memory, a read-back buffer of
     :meth:`buffer`; :meth:`submit` queues an event behind it. :meth:`raise_found`, which every
     CUDA check and every attention call makes first, looks at the events without waiting: for each
-    check the device has finished, it drops the check, or, where it failed, retracts what the memos
-    were told (the records) and raises the check's error, naming the argument of the call that
+    check the device has finished, it drops the check, or, where it failed, has the extension forget
+    what its memos were told (:func:`launch_graph_check`) and raises the check's error, naming the argument of the call that
     passed the bad graph. :meth:`wait` waits for every pending check first
     (:func:`edgedot.wait_for_checks`).
 
@@ -298,14 +258,22 @@ class DeferredChecks:
                 return spare.pop()
         return torch.empty(self.NUM_FLAGS, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
 
-    def submit(self, read_back, device, records, graph):
+    def submit(self, read_back, device, launched, graph):
         """Queues the read-back of a check just launched on ``device``'s current stream into
-        ``read_back`` (:meth:`buffer`'s pair); ``records``: (memo, record) pairs put for it,
-        retracted if it fails; ``graph``: :func:`check_graph`'s tensors and names."""
+        ``read_back`` (:meth:`buffer`'s pair); ``launched``: the parts of the graph it checked
+        (:func:`launch_graph_check`'s bits), forgotten if it fails; ``graph``:
+        :func:`check_graph`'s tensors and names."""
         host, done = read_back
         done.record(torch.cuda.current_stream(device))
         with self._lock:
-            self._pending.append((done, host, records, graph, device))
+            self._pending.append((done, host, launched, graph, device))
+
+    def give_back(self, read_back, device):
+        """Returns an unused pair of :meth:`buffer` to the spares."""
+        with self._lock:
+            spare = self._spare.setdefault(device, [])
+            if len(spare) < self.MAX_SPARE:
+                spare.append(read_back)
 
     def raise_found(self, wait=False):
         """Settles every finished check (every pending one with ``wait``); raises the first error.
@@ -320,15 +288,13 @@ class DeferredChecks:
                 (finished if wait or check[0].query() else waiting).append(check)
             self._pending = waiting
         failed = []
-        for done, host, records, graph, device in finished:
+        for done, host, launched, graph, device in finished:
             flags = sum(1 << k for k, bit in enumerate(host.tolist()) if bit)
-            with self._lock:  # read: the buffer and its event may serve a later check
-                spare = self._spare.setdefault(device, [])
-                if len(spare) < self.MAX_SPARE:
-                    spare.append((host, done))
+            self.give_back((host, done), device)  # read: the buffer and its event may serve a later check
             if flags:
-                for memo, record in records:
-                    memo.retract(record)
+                from .build import cuda_module
+                src_idx, _, dst_idx, _, dst_ptr, _ = graph
+                cuda_module().graph_check_forget(src_idx, dst_idx, dst_ptr, launched)
                 failed.append((flags, graph))
         if failed:
             flags, graph = failed[0]

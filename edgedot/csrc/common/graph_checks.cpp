@@ -1,13 +1,15 @@
 // The checks of a graph's index tensors on the device: graph_flags (the conditions of
-// edgedot/runtime/checks.py:check_graph in one kernel, read back by the caller when it likes), and the
-// memo of index tensors a checked forward found in range.
+// edgedot/runtime/checks.py:check_graph in one kernel, read back by the caller when it likes), the
+// deferred check with its memos (graph_check_launch), and the memo of index tensors edge_dot's
+// checked forward found in range.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <cstring>
 
-#include "common/in_range_memo.h"
+#include "common/tensor_memo.h"
 #include "common/torch_common.h"
 
 namespace edgedot {
@@ -61,27 +63,80 @@ at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Ten
   return flags;
 }
 
-// graph_flags written by the kernel straight into host_flags, pinned int32 [kGraphCheckFlags] CPU
-// memory (zeroed here; the caller reads it once an event recorded after this call has completed):
-// no device buffer to zero and no copy back, two launches fewer than graph_flags and a copy.
-void graph_flags_into(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
-                      const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst,
-                      const at::Tensor& host_flags) {
+namespace {
+
+// What the deferred check (graph_check_launch) has found, or is finding, right: indices in range,
+// and pointers agreeing with their dst_idx, each pair sharing a token. Apart from edge_dot's
+// memo, whose check waits for its verdict, so that a verdict still pending never spares it.
+InRangeMemo& checked_ranges() {
+  static InRangeMemo memo;
+  return memo;
+}
+TensorMemo<uint64_t>& checked_pointers() {
+  static TensorMemo<uint64_t> memo;
+  return memo;
+}
+TensorMemo<uint64_t>& checked_pointer_targets() {
+  static TensorMemo<uint64_t> memo;
+  return memo;
+}
+
+bool pointer_agrees(const at::Tensor& dst_ptr, const at::Tensor& dst_idx) {
+  const std::optional<uint64_t> token = checked_pointers().get(dst_ptr);
+  return token.has_value() && checked_pointer_targets().get(dst_idx) == token;
+}
+
+}  // namespace
+
+// The deferred check of edgedot/runtime/checks.py:check_graph: the parts of the graph no earlier
+// check covers (src_idx's range, dst_idx's, dst_ptr against dst_idx) checked by one kernel that
+// writes graph_flags straight into host_flags, pinned int32 [kGraphCheckFlags] CPU memory (zeroed
+// here; the caller reads it once an event recorded after this call has completed): no device
+// buffer to zero and no copy back. The parts checked are remembered at once, as if found right (a
+// call passing the graph again before the verdict is read needs no check of its own); the caller
+// forgets them (graph_check_forget) if the verdict is bad. Returns the parts launched as
+// kGraphCheck* bits, 0 when every part was remembered and nothing was launched.
+int64_t graph_check_launch(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                           const c10::optional<at::Tensor>& dst_ptr, const at::Tensor& host_flags) {
+  const bool check_src = !checked_ranges().covers(src_idx, num_src);
+  const bool check_dst = !checked_ranges().covers(dst_idx, num_dst);
+  const bool check_ptr = dst_ptr.has_value() && !pointer_agrees(*dst_ptr, dst_idx);
+  if (!(check_src || check_dst || check_ptr)) return 0;
   TORCH_CHECK_VALUE(host_flags.device().is_cpu() && host_flags.scalar_type() == at::kInt &&
                         host_flags.numel() == kGraphCheckFlags && host_flags.is_contiguous(),
-                    "edgedot: graph_flags_into needs host_flags a contiguous pinned int32 CPU tensor of ",
+                    "edgedot: graph_check_launch needs host_flags a contiguous pinned int32 CPU tensor of ",
                     static_cast<int>(kGraphCheckFlags), " elements");
   void* device_view = nullptr;
   const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host_flags.data_ptr(), 0);
   if (mapped != cudaSuccess) {
     (void)cudaGetLastError();  // not a launch's error: clear it for the checks that follow
-    TORCH_CHECK_VALUE(false, "edgedot: graph_flags_into needs host_flags in pinned memory the device can write: ",
+    TORCH_CHECK_VALUE(false, "edgedot: graph_check_launch needs host_flags in pinned memory the device can write: ",
                       cudaGetErrorString(mapped));
   }
   // The buffer's previous check, if any, has completed (the caller waited for its event).
   std::memset(host_flags.data_ptr(), 0, kGraphCheckFlags * sizeof(int));
-  launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst,
+  launch_graph_check(src_idx, num_src, dst_idx, num_dst, check_ptr ? dst_ptr : c10::nullopt, check_src, check_dst,
                      static_cast<int*>(device_view));
+  if (check_src) checked_ranges().put(src_idx, num_src);
+  if (check_dst) checked_ranges().put(dst_idx, num_dst);
+  if (check_ptr) {
+    static std::atomic<uint64_t> next_token{0};
+    const uint64_t token = ++next_token;
+    checked_pointers().put(*dst_ptr, token);
+    checked_pointer_targets().put(dst_idx, token);
+  }
+  return (check_src ? kGraphCheckSrc : 0) | (check_dst ? kGraphCheckDst : 0) | (check_ptr ? kGraphCheckPtr : 0);
+}
+
+// Forgets what graph_check_launch remembered for the parts `launched` of a graph found bad.
+void graph_check_forget(const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_ptr,
+                        int64_t launched) {
+  if (launched & kGraphCheckSrc) checked_ranges().forget(src_idx);
+  if (launched & kGraphCheckDst) checked_ranges().forget(dst_idx);
+  if ((launched & kGraphCheckPtr) && dst_ptr.has_value()) {
+    checked_pointers().forget(*dst_ptr);
+    checked_pointer_targets().forget(dst_idx);
+  }
 }
 
 InRangeMemo& in_range_memo() {

@@ -65,9 +65,12 @@ bool valid_inputs(const at::Tensor& src_feat, const at::Tensor& dst_feat, const 
 
 at::Tensor graph_flags(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                        const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst);
-void graph_flags_into(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
-                      const c10::optional<at::Tensor>& dst_ptr, bool check_src, bool check_dst,
-                      const at::Tensor& host_flags);
+// The parts of a graph graph_check_launch checked (its result), and graph_check_forget forgets.
+constexpr int64_t kGraphCheckSrc = 1, kGraphCheckDst = 2, kGraphCheckPtr = 4;
+int64_t graph_check_launch(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                           const c10::optional<at::Tensor>& dst_ptr, const at::Tensor& host_flags);
+void graph_check_forget(const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_ptr,
+                        int64_t launched);
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <tuple>
 
-#include "common/in_range_memo.h"
+#include "common/tensor_memo.h"
 #include "common/torch_common.h"
 #include "edge_dot/edge_dot_ops.h"
 
@@ -128,8 +128,8 @@ std::tuple<at::Tensor, int64_t> forward(at::Tensor src_feat, at::Tensor dst_feat
     const volatile int* seen = flags;
     if (seen[0] != 0) return {out, kBadSrcIndex};
     if (seen[1] != 0) return {out, kBadDstIndex};
-    memo.add(given_src_idx, src_feat.size(0));
-    memo.add(given_dst_idx, dst_feat.size(0));
+    memo.put(given_src_idx, src_feat.size(0));
+    memo.put(given_dst_idx, dst_feat.size(0));
   }
   return {out, kOk};
 }
