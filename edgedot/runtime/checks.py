@@ -192,10 +192,11 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
     ran the check, or by :func:`edgedot.wait_for_checks`, which waits for it. The kernels read
     nothing out of range meanwhile: an out-of-range source makes its destination's output NaN, an
     out-of-range destination drops its edge, a pointer that disagrees with ``dst_idx`` makes its
-    destinations NaN. A graph found right is remembered (:class:`TensorMemo`) until its tensors
-    are modified in place, so a graph passed again launches nothing; a write that bypasses the
-    version counter (``.data``, DLPack) is then not seen, with the same safe outcome. Nothing is
-    launched while a CUDA graph is captured (a replay could not report what it found)."""
+    destinations NaN. A graph found right is remembered (by the extension, by
+    :class:`TensorMemo`'s rule) until its tensors are modified in place, so a graph passed again
+    launches nothing; a write that bypasses the version counter (``.data``, DLPack) is then not
+    seen, with the same safe outcome. Nothing is launched while a CUDA graph is captured (a replay
+    could not report what it found)."""
     if not src_idx.is_cuda:
         flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, True, True)
         if flags:
@@ -230,10 +231,10 @@ class DeferredChecks:
     A check's kernel writes its flags straight into pinned host memory, a read-back buffer of
     :meth:`buffer`; :meth:`submit` queues an event behind it. :meth:`raise_found`, which every
     CUDA check and every attention call makes first, looks at the events without waiting: for each
-    check the device has finished, it drops the check, or, where it failed, has the extension forget
-    what its memos were told (:func:`launch_graph_check`) and raises the check's error, naming the argument of the call that
-    passed the bad graph. :meth:`wait` waits for every pending check first
-    (:func:`edgedot.wait_for_checks`).
+    check the device has finished, it drops the check, or, where it failed, has the extension
+    forget what its memos were told (:func:`launch_graph_check`) and raises the check's error,
+    naming the argument of the call that passed the bad graph. :meth:`wait` waits for every
+    pending check first (:func:`edgedot.wait_for_checks`).
 
     A pending check holds the call's index tensors, for the details of its error (their values
     as they are when the error is raised)."""

@@ -35,7 +35,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const Tensor& grad = grads[0];
-    return {ctx->needs_input_grad(0) ? grad.mm(s[1]) : Tensor(), ctx->needs_input_grad(1) ? grad.t().mm(s[0]) : Tensor(),
+    return {ctx->needs_input_grad(0) ? grad.mm(s[1]) : Tensor(),
+            ctx->needs_input_grad(1) ? grad.t().mm(s[0]) : Tensor(),
             ctx->needs_input_grad(2) ? bias_grad(grad, s[2]) : Tensor()};
   }
 };

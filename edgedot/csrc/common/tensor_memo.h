@@ -42,7 +42,9 @@ class TensorMemo {
     const at::TensorBase& base = base_of(idx);
     const std::lock_guard<std::mutex> lock(mutex_);
     if (entries_.size() >= sweep_at_) {
-      for (auto it = entries_.begin(); it != entries_.end();) it = it->second.base.expired() ? entries_.erase(it) : ++it;
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        it = it->second.base.expired() ? entries_.erase(it) : ++it;
+      }
       sweep_at_ = std::max<size_t>(kFirstSweep, 2 * entries_.size());
     }
     // The weak reference keeps a dead base's TensorImpl, part of the key, from being reused until
