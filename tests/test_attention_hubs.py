@@ -10,8 +10,8 @@ import torch
 import edgedot
 from edgedot.ops import attention as attention_ops
 from test_attention_cuda import full_check, grouping, inputs, run
-from utils import (DEVICES, FEAT_DTYPES, count_graph_checks, INDEX_DTYPES, dtype_id, gen, launched_kernels, raises_checked, rand_feat,
-                   requires_cuda)
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, count_graph_checks, dtype_id, gen, launched_kernels,
+                   raises_checked, rand_feat, requires_cuda)
 
 
 def sorted_graph(num_src, num_dst, num_edges, device, g, index_dtype=torch.int64, hub=None, hub_edges=0):

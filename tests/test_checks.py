@@ -8,7 +8,8 @@ import edgedot
 from edgedot.runtime import checks
 from edgedot.runtime.checks import (DST_OUT_OF_RANGE, PTR_DECREASES, PTR_DISAGREES, PTR_ENDS_WRONG,
                                     SRC_OUT_OF_RANGE, TensorMemo)
-from utils import DEVICES, count_graph_checks, gen, launched_kernels, raises_checked, rand_feat, rand_index, requires_cuda
+from utils import (DEVICES, count_graph_checks, gen, launched_kernels, raises_checked, rand_feat, rand_index,
+                   requires_cuda)
 
 NUM_SRC, NUM_DST, HEADS, DIM = 12, 7, 2, 8
 

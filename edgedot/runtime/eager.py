@@ -110,9 +110,10 @@ def take_kept(ctx):
 
 def call(op, function, *args):
     """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``; on CUDA its
-    ``cuda_call`` where it has one) when the call is plain eager autograd: gradients on, some input requiring one, not traced (torch.compile,
-    torch.jit.trace), and every tensor argument a plain ``torch.Tensor`` (no subclass, no functorch
-    wrapper); a plain eager call with nothing to differentiate dispatches below Autograd."""
+    ``cuda_call`` where it has one) when the call is plain eager autograd: gradients on, some input
+    requiring one, not traced (torch.compile, torch.jit.trace), and every tensor argument a plain
+    ``torch.Tensor`` (no subclass, no functorch wrapper); a plain eager call with nothing to
+    differentiate dispatches below Autograd."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return op(*args)
     wants_grad = False

@@ -169,6 +169,8 @@ AttentionAutograd* const graph_attention_autograd = apply_attention<GraphAttenti
 AttentionAutograd* const gat_attention_autograd = apply_attention<GatAttentionFunction>;
 AttentionAutograd* const gatv2_attention_autograd = apply_attention<Gatv2AttentionFunction>;
 
-at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att) { return NodeLogitsFunction::apply(x, att); }
+at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att) {
+  return NodeLogitsFunction::apply(x, att);
+}
 
 }  // namespace edgedot
