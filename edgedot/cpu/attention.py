@@ -394,7 +394,7 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
 
     for start, stop, src, dst, ds, dead, kept, grads, (queries, keys) in softmax_grads(
             grad_out, out, in_dtype(lse, acc), score, _values(v, edge_feat, acc), src_idx, dst_idx,
-            max(dim, dim_v),            dropout_p, key):
+            max(dim, dim_v), dropout_p, key):
         d_keys, d_values = _add_grads(dq, dk, dv, RowSums(dst), RowSums(src), scale * ds, dead, queries, keys,
                                       kept, grads)
         if edge_feat_grad:
