@@ -1,7 +1,8 @@
-"""The extension's ``group_edges`` (one radix sort and one kernel) and ``group_edges_both`` (the
-groupings by both ends from one sort) against the tensor operations of
-``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for bit, and graph attention with the
-groupings it builds against the EdgePlan's. The kernel tests need a GPU."""
+"""The extension's ``group_edges`` (one radix sort and one kernel; for a batch one wave of blocks
+sorts, one cooperative kernel) and ``group_edges_both`` (the groupings by both ends from one sort)
+against the tensor operations of ``edgedot.runtime.plan.build_side`` and ``group_offsets``, bit for
+bit, and graph attention with the groupings it builds against the EdgePlan's. The kernel tests need
+a GPU."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import edgedot
 from edgedot.ops import attention as attention_ops
 from edgedot.runtime.build import cuda_module
 from edgedot.runtime.plan import build_side, group_offsets
-from utils import INDEX_DTYPES, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat, requires_cuda
+from utils import INDEX_DTYPES, dtype_id, fill_cuda_cache_with_nan, gen, launched_kernels, rand_feat, requires_cuda
 
 NUM_OTHER = 1000
 PATTERNS = ["random", "sorted", "reversed", "one_row", "bad_rows", "bad_others"]
@@ -93,6 +94,37 @@ def test_matches_build_side(dtype, num_edges, num_rows, pattern, both):
     g = gen(num_edges * 7 + num_rows + PATTERNS.index(pattern))
     row_idx, other_idx = _indices(pattern, num_edges, num_rows, dtype, g)
     (_check_both if both else _check)(row_idx, other_idx, num_rows, NUM_OTHER)
+
+
+# The cooperative kernel's tiles: 512 threads x 16 keys, at most 128 of them.
+TILE_KEYS = 8192
+COOPERATIVE_MAX_KEYS = 128 * TILE_KEYS
+
+
+@requires_cuda
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
+@pytest.mark.parametrize("num_keys", [TILE_KEYS - 2, TILE_KEYS, TILE_KEYS + 2, 5 * TILE_KEYS + 6,
+                                      COOPERATIVE_MAX_KEYS, COOPERATIVE_MAX_KEYS + 2])
+def test_tile_edges_and_past_the_one_launch_sort(num_keys, both):
+    """Batches that end on, just before and just after a tile of the one-launch sort, fill its
+    largest grid, or just pass it (CUB's sort then serves): the same groupings."""
+    num_edges = num_keys // 2 if both else num_keys
+    row_idx, other_idx = _indices("bad_rows", num_edges, 70000, torch.int64, gen(num_keys + both))
+    (_check_both if both else _check)(row_idx, other_idx, 70000, NUM_OTHER)
+
+
+@requires_cuda
+def test_a_mini_batch_groups_in_one_launch():
+    """A sampled batch's groupings (both sides) take one kernel; a batch past the one-launch sort's
+    tiles takes CUB's sort and the grouping kernel."""
+    ext = cuda_module()
+    rows, others = _indices("random", 163840, 16384, torch.int64, gen(11))
+    names = launched_kernels(lambda: ext.group_edges_both(rows, others, 16384, NUM_OTHER))
+    assert len(names) == 1 and "cooperative_grouping_kernel" in names[0], names
+    rows, others = _indices("random", COOPERATIVE_MAX_KEYS, 16384, torch.int64, gen(12))
+    names = launched_kernels(lambda: ext.group_edges_both(rows, others, 16384, NUM_OTHER))
+    assert not any("cooperative_grouping_kernel" in name for name in names), names
+    assert any("group_edges_kernel" in name for name in names), names
 
 
 @requires_cuda

@@ -28,6 +28,7 @@ SOURCES = [
     "csrc/common/launch.cu",
     "csrc/common/sort_by_row.cu",
     "csrc/common/group_edges.cu",
+    "csrc/common/group_edges_cooperative.cu",
     "csrc/common/edge_order.cu",
     "csrc/common/check_graph.cu",
     "csrc/common/column_sum.cu",

@@ -143,7 +143,10 @@ __device__ __forceinline__ A group_sum(A x, int group) {
 }
 
 int sm_count();
-int blocks_per_sm(const void* kernel);
+// Blocks of block_threads threads of kernel that one SM holds at once (at least 1).
+int blocks_per_sm(const void* kernel, int block_threads = kBlockThreads);
+// Whether the current device takes cooperative launches (grid-wide syncs).
+bool cooperative_launch();
 
 // Blocks for `threads` threads: enough to fill every SM at the kernel's occupancy, no more,
 // since the kernels stride over their work.

@@ -114,6 +114,19 @@ struct GroupSide {
 void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t num_edges, const GroupSide& first,
                         const GroupSide* second, cudaStream_t stream);
 
+// launch_sort_by_row and launch_group_edges in one cooperative launch (csrc/common/
+// group_edges_cooperative.cu), for batches whose keys (num_keys: num_edges, or 2 * num_edges for
+// both sides) a wave of blocks sorts at once. cooperative_grouping_tiles: the blocks it takes, or 0
+// where the batch does not fit (or the device takes no cooperative launch); scratch holds
+// cooperative_grouping_ints(num_keys, tiles) ints. The second side's keys come from
+// first.other_idx, as launch_sort_by_row's second_idx. Returns false where the launch could not
+// start (the groupings are then unwritten; the two launches above serve).
+int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind other_index);
+int64_t cooperative_grouping_ints(int64_t num_keys, int tiles);
+bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
+                                    int32_t* scratch, const GroupSide& first, const GroupSide* second,
+                                    cudaStream_t stream);
+
 // A sorted edge in 64 bits: its other row in the low half (-1 when out of range), the bits of its
 // heads x grad_out values (at most 4 bytes, head 0 lowest) in the high half.
 __host__ __device__ inline uint64_t pack_edge(int32_t other, uint32_t grad_bits) {

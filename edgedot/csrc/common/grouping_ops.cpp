@@ -74,7 +74,8 @@ IndexKind checked_index(const at::Tensor& idx, const char* message) {
 }
 
 // The groupings of group_edges (by row_idx) and, with both, group_edges_both (also by other_idx):
-// one sort of the edges' keys on every side, then one kernel.
+// one sort of the edges' keys on every side, then one kernel; a small batch's in one cooperative
+// kernel.
 std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_rows,
                                     int64_t num_other, bool both) {
   // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
@@ -112,12 +113,21 @@ std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor&
   };
   add_side(others, other_index, num_rows, num_other);
   if (both) add_side(rows, row_index, num_other, num_rows);
+  const GroupSide* second = both ? &group[1] : nullptr;
+  const int64_t num_keys = (both ? 2 : 1) * num_edges;
+  // A batch that one wave of blocks sorts: one launch in all.
+  if (const int tiles = cooperative_grouping_tiles(num_keys, row_index, other_index)) {
+    at::Tensor scratch = at::empty({cooperative_grouping_ints(num_keys, tiles)}, options.dtype(at::kInt));
+    if (launch_group_edges_cooperative(rows.data_ptr(), row_index, num_edges, tiles, scratch.data_ptr<int32_t>(),
+                                       group[0], second, stream)) {
+      return out;
+    }
+  }
   // The sort's keys and positions (two buffers each) and its temporary storage, in one allocation.
   at::Tensor sort_buffer;
   int32_t* keys = nullptr;
   int32_t* positions = nullptr;
   if (num_edges > 0) {
-    const int64_t num_keys = (both ? 2 : 1) * num_edges;
     const int64_t key_rows = both ? num_rows + 1 + num_other : num_rows;
     const size_t temp_bytes = sort_by_row_temp_bytes(num_keys, key_rows, /*packed=*/false);
     Carving carving;
@@ -136,7 +146,7 @@ std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor&
     keys += buffer * num_keys;
     positions += buffer * num_keys;
   }
-  launch_group_edges(keys, positions, num_edges, group[0], both ? &group[1] : nullptr, stream);
+  launch_group_edges(keys, positions, num_edges, group[0], second, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -30,9 +30,11 @@ int sm_count() { return std::max(device_attribute(cudaDevAttrMultiProcessorCount
 
 int64_t l2_cache_bytes() { return device_attribute(cudaDevAttrL2CacheSize); }
 
-int blocks_per_sm(const void* kernel) {
+bool cooperative_launch() { return device_attribute(cudaDevAttrCooperativeLaunch) != 0; }
+
+int blocks_per_sm(const void* kernel, int block_threads) {
   // Per (kernel, device): the occupancy depends on the device's registers and shared memory, and
-  // a process may drive devices of different kinds.
+  // a process may drive devices of different kinds. A kernel always runs with one block size.
   struct KeyHash {
     size_t operator()(const std::pair<const void*, int>& k) const {
       return std::hash<const void*>()(k.first) ^ (std::hash<int>()(k.second) * 0x9e3779b97f4a7c15ull);
@@ -47,7 +49,7 @@ int blocks_per_sm(const void* kernel) {
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, 0);
   return cache[key] = blocks > 0 ? blocks : 1;
 }
 

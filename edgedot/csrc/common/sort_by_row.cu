@@ -5,20 +5,11 @@
 // reduction then reads every sorted edge in sequence instead of gathering it by position.
 #include <cub/device/device_radix_sort.cuh>
 
-#include "common/common.cuh"
+#include "common/grouping.cuh"
 
 namespace edgedot {
 
-// Key of an edge: its row, or num_rows for an out-of-range row, which sorts last and is skipped
-// by the reduction.
-template <typename RowIdx>
-__device__ __forceinline__ int32_t row_key(RowIdx r, int32_t num_rows) {
-  return in_range(r, num_rows) ? static_cast<int32_t>(r) : num_rows;
-}
-
-// Keys of the edges' rows: entry e keys row_idx[e]. With second_idx, entries num_edges + e key
-// second_idx[e] after every first-side key (num_rows + 1 + its key among num_second_rows), so that
-// one sort groups the edges by both sides. positions: each entry's edge.
+// The sort's keys and positions (edge_key), one entry per thread.
 template <typename RowIdx, typename SecondIdx>
 __global__ void __launch_bounds__(kBlockThreads)
 row_keys_kernel(const RowIdx* __restrict__ row_idx, const SecondIdx* __restrict__ second_idx, int32_t num_edges,
@@ -28,14 +19,7 @@ row_keys_kernel(const RowIdx* __restrict__ row_idx, const SecondIdx* __restrict_
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t num_keys = second_idx == nullptr ? num_edges : 2 * static_cast<int64_t>(num_edges);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < num_keys; i += stride) {
-    if (i < num_edges) {
-      keys[i] = row_key(row_idx[i], num_rows);
-      positions[i] = static_cast<int32_t>(i);
-    } else {
-      const int64_t e = i - num_edges;
-      keys[i] = num_rows + 1 + row_key(second_idx[e], num_second_rows);
-      positions[i] = static_cast<int32_t>(e);
-    }
+    edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, keys[i], positions[i]);
   }
 }
 
@@ -59,12 +43,6 @@ row_keys_packed_kernel(const RowIdx* __restrict__ row_idx, const OtherIdx* __res
 }
 
 namespace {
-
-int key_bits(int32_t num_rows) {
-  int bits = 1;
-  while (bits < 31 && (int64_t{1} << bits) <= num_rows) ++bits;
-  return bits;
-}
 
 template <typename Value>
 cudaError_t radix_sort(void* temp, size_t& temp_bytes, cub::DoubleBuffer<int32_t>& keys,

@@ -1,0 +1,249 @@
+// The groupings of a small batch in one launch: the keys of launch_sort_by_row, sorted by a stable
+// LSD radix sort whose passes are separated by grid-wide syncs, then launch_group_edges' groupings,
+// all in one cooperative kernel. CUB's sort takes a histogram, a scan and one launch per 8-bit pass
+// between the key kernel and the grouping kernel; on a mini-batch those launches cost the host more
+// than the sort costs the device. The sort is stable, so the groupings are the same bits.
+//
+// Each block ranks one tile of keys per pass (cub::BlockRadixRankMatch, stable over the tile's
+// warp-striped order), writes its digit counts, and after a grid sync reads every tile's counts to
+// place its keys: every key's place follows from counts alone, so no block waits on another's
+// progress but at the syncs.
+#include <cooperative_groups.h>
+
+#include <cub/block/block_radix_rank.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "common/grouping.cuh"
+
+namespace edgedot {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kSortThreads = 512;
+constexpr int kKeysPerThread = 16;
+constexpr int kTileKeys = kSortThreads * kKeysPerThread;
+constexpr int kWarpKeys = 32 * kKeysPerThread;
+constexpr int kDigitBits = 8;
+constexpr int kDigits = 1 << kDigitBits;
+static_assert(kSortThreads == 2 * kDigits, "two threads per digit sum the tiles' counts");
+// Tiles past which the CUB sort serves: each block reads every tile's counts once a pass, which
+// grows with the square of the tiles.
+constexpr int kMaxTiles = 128;
+
+using DigitRank = cub::BlockRadixRankMatch<kSortThreads, kDigitBits, /*IS_DESCENDING=*/false>;
+using DigitScan = cub::BlockScan<int32_t, kSortThreads>;
+
+// Bits [shift, shift + bits) of a key.
+struct KeyDigit {
+  uint32_t shift, mask;
+  __device__ __forceinline__ uint32_t Digit(uint32_t key) const { return (key >> shift) & mask; }
+};
+
+struct SortBuffers {
+  int32_t* keys[2];  // a pass reads one buffer and writes the other
+  int32_t* positions[2];
+  int32_t* tile_counts;  // [tiles][kDigits]: the keys of each digit in each tile, this pass
+};
+
+// A block's shared memory: the rank's and the scan's (used in turn), and what a pass keeps per digit.
+struct TileShared {
+  union {
+    typename DigitRank::TempStorage rank;
+    typename DigitScan::TempStorage scan;
+  } temp;
+  int32_t tile_prefix[kDigits + 1];  // this tile's keys of smaller digits (padding included)
+  int32_t tile_sums[2][2][kDigits];  // [half of the tiles][tiles before this one, all tiles][digit]
+  int32_t digit_base[kDigits];       // where this tile's keys of a digit go, less their rank
+};
+
+// One pass's first half for a tile of `valid` keys (the rest padding): ranks the keys by digit
+// within the tile and writes the tile's count of each digit.
+__device__ __forceinline__ void rank_tile(TileShared& shared, uint32_t (&keys)[kKeysPerThread],
+                                          int (&ranks)[kKeysPerThread], KeyDigit digit, int valid,
+                                          int32_t* __restrict__ counts) {
+  int prefix[DigitRank::BINS_TRACKED_PER_THREAD];
+  DigitRank(shared.temp.rank).RankKeys(keys, ranks, digit, prefix);
+  if (threadIdx.x < kDigits) shared.tile_prefix[threadIdx.x] = prefix[0];
+  if (threadIdx.x == 0) shared.tile_prefix[kDigits] = kTileKeys;
+  __syncthreads();
+  if (threadIdx.x < kDigits) {
+    // Padding keys hold the largest digit and rank after every real key.
+    const int d = threadIdx.x;
+    const int below = min(shared.tile_prefix[d], valid);
+    const int through = min(shared.tile_prefix[d + 1], valid);
+    counts[d] = through - below;
+  }
+}
+
+// One pass's second half, after every tile's counts are written: where this tile's keys of each
+// digit start (the keys of smaller digits in all tiles, plus those of its digit in earlier tiles).
+__device__ __forceinline__ void place_tile(TileShared& shared, const int32_t* __restrict__ tile_counts, int tile,
+                                           int num_tiles) {
+  // Two threads per digit, each summing half of the tiles.
+  const int d = threadIdx.x % kDigits;
+  const int half = threadIdx.x / kDigits;
+  const int lo = half == 0 ? 0 : num_tiles / 2;
+  const int hi = half == 0 ? num_tiles / 2 : num_tiles;
+  int32_t before = 0, total = 0;
+  for (int t = lo; t < hi; ++t) {
+    const int32_t count = __ldcg(tile_counts + t * kDigits + d);
+    total += count;
+    if (t < tile) before += count;
+  }
+  shared.tile_sums[half][0][d] = before;
+  shared.tile_sums[half][1][d] = total;
+  __syncthreads();
+  const int32_t digit_total =
+      threadIdx.x < kDigits ? shared.tile_sums[0][1][threadIdx.x] + shared.tile_sums[1][1][threadIdx.x] : 0;
+  int32_t digit_start;
+  DigitScan(shared.temp.scan).ExclusiveSum(digit_total, digit_start);
+  if (threadIdx.x < kDigits) {
+    shared.digit_base[d] =
+        digit_start + shared.tile_sums[0][0][d] + shared.tile_sums[1][0][d] - shared.tile_prefix[d];
+  }
+  __syncthreads();
+}
+
+// num_tiles tiles of kTileKeys entries over the sides * num_edges keys of edge_key (second side
+// from first.other_idx when sides is 2), block t sorting tile t; num_bits: the bits the largest key
+// needs (key_bits). Every resident block is launched: those past the tiles only wait at the syncs,
+// and all of them write the groupings.
+template <typename RowIdx, typename OtherIdx>
+__global__ void __launch_bounds__(kSortThreads, 1)
+cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
+                            int num_tiles, SortBuffers buffers, TypedSide<OtherIdx> first,
+                            TypedSide<RowIdx> second) {
+  __shared__ TileShared shared;
+  const cg::grid_group grid = cg::this_grid();
+  const int tile = static_cast<int>(blockIdx.x);
+  const bool sorts = tile < num_tiles;  // the same for the whole block
+  const int64_t num_keys = static_cast<int64_t>(sides) * num_edges;
+  const int64_t tile_start = static_cast<int64_t>(tile) * kTileKeys;
+  const int valid = sorts ? static_cast<int>(min(num_keys - tile_start, static_cast<int64_t>(kTileKeys))) : 0;
+  // Warp-striped: item j of a lane is entry warp * kWarpKeys + j * 32 + lane of the tile, the
+  // order in which the rank counts, so keys of one digit keep their order (stable).
+  const int first_entry = static_cast<int>(threadIdx.x / 32) * kWarpKeys + static_cast<int>(threadIdx.x % 32);
+  const OtherIdx* second_idx = sides == 2 ? first.other_idx : nullptr;
+  const int32_t num_rows = static_cast<int32_t>(first.num_rows);
+  const int32_t num_second_rows = static_cast<int32_t>(first.num_other);
+
+  const int passes = (num_bits + kDigitBits - 1) / kDigitBits;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pass * kDigitBits;
+    const KeyDigit digit{static_cast<uint32_t>(shift), (1u << min(kDigitBits, num_bits - shift)) - 1};
+    uint32_t keys[kKeysPerThread];
+    int32_t positions[kKeysPerThread];
+    int ranks[kKeysPerThread];
+    if (sorts) {
+      // Pass 0 reads the indices; pass p the keys and positions pass p - 1 wrote, past L1.
+      const int32_t* in_keys = buffers.keys[(pass + 1) & 1] + tile_start;
+      const int32_t* in_positions = buffers.positions[(pass + 1) & 1] + tile_start;
+#pragma unroll
+      for (int j = 0; j < kKeysPerThread; ++j) {
+        const int i = first_entry + j * 32;
+        // Padding: the largest key, ranked after every real key of its digit and never written.
+        keys[j] = ~0u;
+        positions[j] = 0;
+        if (i < valid && pass == 0) {
+          int32_t key;
+          edge_key(row_idx, second_idx, tile_start + i, num_edges, num_rows, num_second_rows, key, positions[j]);
+          keys[j] = static_cast<uint32_t>(key);
+        } else if (i < valid) {
+          keys[j] = static_cast<uint32_t>(__ldcg(in_keys + i));
+          positions[j] = __ldcg(in_positions + i);
+        }
+      }
+      rank_tile(shared, keys, ranks, digit, valid, buffers.tile_counts + tile * kDigits);
+    }
+    grid.sync();
+    if (sorts) {
+      place_tile(shared, buffers.tile_counts, tile, num_tiles);
+      int32_t* out_keys = buffers.keys[pass & 1];
+      int32_t* out_positions = buffers.positions[pass & 1];
+#pragma unroll
+      for (int j = 0; j < kKeysPerThread; ++j) {
+        if (first_entry + j * 32 < valid) {
+          const int to = shared.digit_base[digit.Digit(keys[j])] + ranks[j];
+          out_keys[to] = static_cast<int32_t>(keys[j]);
+          out_positions[to] = positions[j];
+        }
+      }
+    }
+    grid.sync();
+  }
+  // Plain loads (the grid sync orders them after every block's writes), through L1: the binary
+  // searches reuse the top of their trees.
+  const int sorted = (passes + 1) & 1;
+  write_groupings(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second,
+                  static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                  static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+template <typename RowIdx, typename OtherIdx>
+const void* kernel_for() {
+  return reinterpret_cast<const void*>(cooperative_grouping_kernel<RowIdx, OtherIdx>);
+}
+
+const void* kernel_for(IndexKind row_index, IndexKind other_index) {
+  const void* kernel = nullptr;
+  dispatch_index(row_index, [&](auto ri) {
+    dispatch_index(other_index, [&](auto oi) { kernel = kernel_for<decltype(ri), decltype(oi)>(); });
+  });
+  return kernel;
+}
+
+// Blocks of the kernel the device holds at once: the grid of a cooperative launch.
+int resident_blocks(const void* kernel) { return sm_count() * blocks_per_sm(kernel, kSortThreads); }
+
+}  // namespace
+
+int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind other_index) {
+  if (num_keys <= 0 || !cooperative_launch()) return 0;
+  const int64_t tiles = (num_keys + kTileKeys - 1) / kTileKeys;
+  return tiles <= kMaxTiles && tiles <= resident_blocks(kernel_for(row_index, other_index)) ? static_cast<int>(tiles)
+                                                                                           : 0;
+}
+
+int64_t cooperative_grouping_ints(int64_t num_keys, int tiles) {
+  return 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+}
+
+bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
+                                    int32_t* scratch, const GroupSide& first, const GroupSide* second,
+                                    cudaStream_t stream) {
+  const int sides = second == nullptr ? 1 : 2;
+  const int64_t num_keys = sides * num_edges;
+  const int64_t max_key = second == nullptr ? first.num_rows : first.num_rows + 1 + first.num_other;
+  SortBuffers buffers{{scratch, scratch + num_keys},
+                      {scratch + 2 * num_keys, scratch + 3 * num_keys},
+                      scratch + 4 * num_keys};
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(resident_blocks(kernel_for(row_index, first.other_index)));
+  config.blockDim = dim3(kSortThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeCooperative;  // every block resident at once: grid.sync
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaError_t status = cudaSuccess;
+  dispatch_index(row_index, [&](auto ri) {
+    dispatch_index(first.other_index, [&](auto oi) {
+      using RowIdx = decltype(ri);
+      using OtherIdx = decltype(oi);
+      // One side: the second is never read (sides is 1).
+      status = cudaLaunchKernelEx(&config, cooperative_grouping_kernel<RowIdx, OtherIdx>,
+                                  static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
+                                  key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
+                                  typed<RowIdx>(second == nullptr ? first : *second));
+    });
+  });
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // a launch that could not start leaves nothing behind: the caller sorts with CUB
+    return false;
+  }
+  return true;
+}
+
+}  // namespace edgedot
