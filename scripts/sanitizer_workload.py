@@ -219,5 +219,19 @@ for it in [torch.int32, torch.int64]:
             edgedot.wait_for_checks()  # the verdict arrives after the call returns
         except (ValueError, IndexError):
             pass
+
+# The groupings of the extension (group_edges, group_edges_both): the one-launch sort of a small
+# batch over one tile, several tiles (the last cut short) and 1 to 4 passes, and CUB's sort past
+# its tiles; both index dtypes, out-of-range rows and others.
+ext = edgedot.runtime.build.cuda_module()  # (imported by attention_calls)
+for it in [torch.int32, torch.int64]:
+    for num_edges, num_rows, num_other in [(1, 1, 1), (5000, 3, 100), (20001, 70000, 1000), (9000, 2**24, 2**30),
+                                           (600_000, 16384, 180_000)]:
+        rows = torch.randint(0, num_rows, (num_edges,), device=dev, dtype=it)
+        others = torch.randint(0, num_other, (num_edges,), device=dev, dtype=it)
+        rows[::7] = -1
+        others[3::11] = num_other
+        ext.group_edges(rows, others, num_rows, num_other)
+        ext.group_edges_both(rows, others, num_rows, num_other)
 torch.cuda.synchronize()
 print("sanitize workload done")
