@@ -157,22 +157,42 @@ inline int grid_blocks(Kernel kernel, int64_t threads) {
   return static_cast<int>(needed < full ? (needed > 0 ? needed : 1) : full);
 }
 
+// kernel<<<blocks, threads, 0, stream>>>(args...) launched with one launch attribute; the launch's
+// status.
+template <typename... KernelArgs, typename... Args>
+inline cudaError_t launch_with(cudaLaunchAttribute attribute, void (*kernel)(KernelArgs...), int blocks, int threads,
+                               cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Launches kernel<<<blocks, kBlockThreads, 0, stream>>>(args...) as a programmatic dependent launch:
 // its blocks may be scheduled while the previous kernel of the stream finishes, and the kernel
 // must call wait_for_previous_grid() before it touches memory. Small graphs are bound by launch
 // latency, and the overlap hides part of it.
 template <typename... KernelArgs, typename... Args>
 inline void launch_dependent(void (*kernel)(KernelArgs...), int blocks, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kBlockThreads);
-  config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  launch_with(attribute, kernel, blocks, kBlockThreads, stream, std::forward<Args>(args)...);
+}
+
+// Launches kernel<<<blocks, threads, 0, stream>>>(args...) with every block resident at once, so
+// that it may sync the whole grid (cooperative_groups' grid.sync). Returns the launch's status: a
+// device without cooperative launches, or a grid larger than it holds at once, refuses it.
+template <typename... KernelArgs, typename... Args>
+inline cudaError_t launch_cooperative(void (*kernel)(KernelArgs...), int blocks, int threads, cudaStream_t stream,
+                                      Args&&... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  return launch_with(attribute, kernel, blocks, threads, stream, std::forward<Args>(args)...);
 }
 
 // First statement of a kernel started by launch_dependent: waits until the previous kernel of the

@@ -218,22 +218,14 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
   SortBuffers buffers{{scratch, scratch + num_keys},
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
                       scratch + 4 * num_keys};
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(resident_blocks(kernel_for(row_index, first.other_index)));
-  config.blockDim = dim3(kSortThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeCooperative;  // every block resident at once: grid.sync
-  attribute.val.cooperative = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const int blocks = resident_blocks(kernel_for(row_index, first.other_index));
   cudaError_t status = cudaSuccess;
   dispatch_index(row_index, [&](auto ri) {
     dispatch_index(first.other_index, [&](auto oi) {
       using RowIdx = decltype(ri);
       using OtherIdx = decltype(oi);
       // One side: the second is never read (sides is 1).
-      status = cudaLaunchKernelEx(&config, cooperative_grouping_kernel<RowIdx, OtherIdx>,
+      status = launch_cooperative(cooperative_grouping_kernel<RowIdx, OtherIdx>, blocks, kSortThreads, stream,
                                   static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
                                   key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
                                   typed<RowIdx>(second == nullptr ? first : *second));
