@@ -243,6 +243,24 @@ def test_long_rows_across_many_rows():
 
 
 @requires_cuda
+def test_schedules_take_one_launch_each():
+    """A forward and backward with chunk schedules (more edges than a chunk) builds each schedule in
+    one cooperative kernel: no CUB scan is launched."""
+    g = gen(12)
+    q, k, v, _, src, dst = inputs(3000, 2000, 50_000, 2, 16, 16, torch.float32, g, False)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    dst[:4000] = 3
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        edgedot.graph_attention(q, k, v, src, dst).sum().backward()
+    step()
+    names = launched_kernels(step)
+    assert sum("cooperative_schedule_kernel" in name for name in names) == 3, names  # dst, then dst and src
+    assert not any("DeviceScan" in name for name in names), names
+
+
+@requires_cuda
 def test_hub_accuracy_two_million_edges():
     """One node with 2,000,000 incoming edges, float32: relative error against float64 <= 1e-5 for
     the output and every gradient."""

@@ -1,7 +1,13 @@
 // The chunk schedule of a grouping's long rows (RowChunks in edgedot.h), from its row offsets, in
-// one CUB scan and no host synchronisation: an exclusive scan of each row's (chunk count, is long)
+// one scan and no host synchronisation: an exclusive scan of each row's (chunk count, is long)
 // gives each row's first slot and each long row's place in the list of long rows; and the order the
-// kernels take the other rows in (a radix sort by degree).
+// kernels take the other rows in (a radix sort by degree). The scan is one cooperative kernel (each
+// block sums its rows, a grid sync, then each block scans its rows after the sums of the blocks
+// before it) where the device takes one, else CUB's (two launches): a mini-batch step builds three
+// schedules, and its launches cost the host more than the scans cost the device.
+#include <cooperative_groups.h>
+
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -64,13 +70,91 @@ struct WriteSchedule {
   }
 };
 
-// The scan; with temp null, only the bytes it needs.
-cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk, int64_t* first_chunk,
-                     int32_t* long_rows, int32_t* num_long, void* temp, size_t& temp_bytes, cudaStream_t stream) {
+// CUB's scan; with temp null, only the bytes it needs.
+cudaError_t cub_schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                         int64_t* first_chunk, int32_t* long_rows, int32_t* num_long, void* temp, size_t& temp_bytes,
+                         cudaStream_t stream) {
   const RowSlotCount count{RowEdges{offsets, num_rows, num_edges}, chunk};
   auto counts = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), count);
   auto out = thrust::make_tabulate_output_iterator(WriteSchedule{count, first_chunk, long_rows, num_long});
   return cub::DeviceScan::ExclusiveSum(temp, temp_bytes, counts, out, static_cast<int32_t>(num_rows + 1), stream);
+}
+
+constexpr int kScanThreads = 512;
+using SlotScan = cub::BlockScan<uint64_t, kScanThreads>;
+
+// The same scan in one launch: block b scans the b-th of gridDim.x equal runs of the num_rows + 1
+// entries, after the sums of the runs before it (block_sums, gridDim.x entries).
+__global__ void __launch_bounds__(kScanThreads)
+cooperative_schedule_kernel(WriteSchedule write, uint64_t* __restrict__ block_sums) {
+  __shared__ typename SlotScan::TempStorage scan;
+  const int64_t entries = write.count.edges.num_rows + 1;
+  const int64_t run = (entries + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(entries, static_cast<int64_t>(blockIdx.x) * run);
+  const int64_t end = min(entries, begin + run);
+  uint64_t own = 0;
+  for (int64_t r = begin + threadIdx.x; r < end; r += kScanThreads) own += write.count(r);
+  uint64_t unused, run_sum;
+  SlotScan(scan).ExclusiveSum(own, unused, run_sum);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = run_sum;
+  cooperative_groups::this_grid().sync();
+  uint64_t earlier = 0;
+  for (unsigned b = threadIdx.x; b < blockIdx.x; b += kScanThreads) earlier += __ldcg(block_sums + b);
+  uint64_t carry;
+  __syncthreads();  // (scan's storage is used again)
+  SlotScan(scan).ExclusiveSum(earlier, unused, carry);
+  // Runs of kScanThreads entries, one a thread, each after the ones before.
+  for (int64_t tile = begin; tile < end; tile += kScanThreads) {
+    const int64_t r = tile + threadIdx.x;
+    const uint64_t c = r < end ? write.count(r) : 0;
+    uint64_t before, tile_sum;
+    __syncthreads();
+    SlotScan(scan).ExclusiveSum(c, before, tile_sum);
+    if (r < end) write(r, carry + before);
+    carry += tile_sum;
+  }
+}
+
+// Blocks of the one-launch scan for num_rows, or 0 where the device takes no cooperative launch.
+int cooperative_schedule_blocks(int64_t num_rows) {
+  if (!cooperative_launch()) return 0;
+  const int64_t wanted = (num_rows + 1 + kScanThreads - 1) / kScanThreads;
+  const int64_t resident = static_cast<int64_t>(sm_count()) *
+                           blocks_per_sm(reinterpret_cast<const void*>(cooperative_schedule_kernel), kScanThreads);
+  return static_cast<int>(wanted < resident ? wanted : resident);
+}
+
+// The scan, one launch or CUB's; with temp null, only the bytes it needs (enough for either, so
+// that a cooperative launch the device refuses falls back to CUB's).
+cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges, int64_t chunk, int64_t* first_chunk,
+                     int32_t* long_rows, int32_t* num_long, void* temp, size_t& temp_bytes, cudaStream_t stream) {
+  const int blocks = cooperative_schedule_blocks(num_rows);
+  if (temp == nullptr) {
+    const cudaError_t status =
+        cub_schedule(offsets, num_rows, num_edges, chunk, first_chunk, long_rows, num_long, nullptr, temp_bytes, stream);
+    const size_t sums_bytes = static_cast<size_t>(blocks) * sizeof(uint64_t);
+    if (temp_bytes < sums_bytes) temp_bytes = sums_bytes;
+    return status;
+  }
+  if (blocks > 0) {
+    const RowSlotCount count{RowEdges{offsets, num_rows, num_edges}, chunk};
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(kScanThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    const cudaError_t status = cudaLaunchKernelEx(&config, cooperative_schedule_kernel,
+                                                  WriteSchedule{count, first_chunk, long_rows, num_long},
+                                                  static_cast<uint64_t*>(temp));
+    if (status == cudaSuccess) return status;
+    (void)cudaGetLastError();  // not started: CUB's scan instead
+  }
+  return cub_schedule(offsets, num_rows, num_edges, chunk, first_chunk, long_rows, num_long, temp, temp_bytes,
+                      stream);
 }
 
 // Degree key of each row (0 for a long row, which its chunks serve) and the rows' ids, to be sorted:
