@@ -138,16 +138,7 @@ cudaError_t schedule(const int64_t* offsets, int64_t num_rows, int64_t num_edges
   }
   if (blocks > 0) {
     const RowSlotCount count{RowEdges{offsets, num_rows, num_edges}, chunk};
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(kScanThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeCooperative;
-    attribute.val.cooperative = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    const cudaError_t status = cudaLaunchKernelEx(&config, cooperative_schedule_kernel,
+    const cudaError_t status = launch_cooperative(cooperative_schedule_kernel, blocks, kScanThreads, stream,
                                                   WriteSchedule{count, first_chunk, long_rows, num_long},
                                                   static_cast<uint64_t*>(temp));
     if (status == cudaSuccess) return status;
