@@ -230,6 +230,39 @@ def test_hubs_merged_by_blocks(dtype, dims):
 
 
 @requires_cuda
+@pytest.mark.parametrize("op", ["attention", "gat", "gatv2"])
+@pytest.mark.parametrize("source_grads", [True, False], ids=["source-grads", "dst-grads-only"])
+def test_backward_merges_in_one_launch(op, source_grads):
+    """A forward and backward over long rows on both sides launch two merges: the forward's softmax
+    merge and one sum merge of every gradient of both backward passes."""
+    g = gen(13)
+    q, k, v, _, src, dst = inputs(3000, 2000, 50_000, 2, 16, 16, torch.float32, g, False)
+    dst[:4000] = 3
+    src[10_000:14_000] = 5
+    if op == "attention":
+        dst_in, src_in = (q,), (k, v)
+        call = lambda: edgedot.graph_attention(q, k, v, src, dst)  # noqa: E731
+    elif op == "gat":
+        a_src, a_dst = rand_feat((3000, 2), torch.float32, "cuda", g), rand_feat((2000, 2), torch.float32, "cuda", g)
+        dst_in, src_in = (a_dst,), (k, a_src)
+        call = lambda: edgedot.gat_attention(k, a_src, a_dst, src, dst)  # noqa: E731
+    else:
+        att = rand_feat((2, 16), torch.float32, "cuda", g)
+        dst_in, src_in = (q, att), (k,)
+        call = lambda: edgedot.gatv2_attention(k, q, att, src, dst)  # noqa: E731
+    for t in dst_in + src_in:
+        t.requires_grad_(source_grads or any(t is d for d in dst_in))
+
+    def step():
+        for t in dst_in + src_in:
+            t.grad = None
+        call().sum().backward()
+    step()
+    merges = [name for name in launched_kernels(step) if "merge_kernel<" in name]
+    assert [", true," in name for name in merges] == [True, False], merges
+
+
+@requires_cuda
 def test_long_rows_across_many_rows():
     """Long rows spread over 60,000 rows a side (the chunk schedule's scan spans many tiles and lists
     1,200 long rows on each side, each of a few chunks): every output and gradient against float64."""

@@ -321,6 +321,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     launch_attention_backward_src(args, scalar, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  launch_attention_backward_merges(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor d_scale = in.scale_heads != nullptr ? d_scale_rows.sum(0) : at::empty({0}, q.options().dtype(accum));
   return {dq, dk, dv, d_edge_feat, d_scale};
 }

@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 #include "attention/dropout.cuh"
@@ -278,15 +279,44 @@ __device__ __forceinline__ void store_partial(accum_t<T>* row, const Team& t, in
   }
 }
 
-// The merges of long rows' partials (merge.cu), after the kernel that wrote them:
-// softmax: part [slots, heads, dim] unnormalised outputs and part_ml [slots, heads, 2] their (max,
-// sum), into out [rows, heads, dim] and lse [rows, heads]; sum: part summed into out.
+// One merge of long rows' partials (merge.cu): a grouping's chunk schedule, the width of its rows,
+// part [slots, heads, dim] and, for a softmax merge, part_ml [slots, heads, 2] the partials' (max,
+// sum); the merged rows go to out [rows, heads, dim] (and a softmax's to lse [rows, heads]).
+template <typename T>
+struct MergeTarget {
+  RowChunks chunks;
+  int dim;
+  const accum_t<T>* part;
+  const accum_t<T>* part_ml;
+  T* out;
+  accum_t<T>* lse;
+};
+
+// The most sum merges one launch takes: a backward's (graph attention's dq, dk and dv; GAT's da_dst,
+// dx and da_src).
+constexpr int kMaxMerges = 3;
+
+// Sum merges launched together: one launch after both backward passes instead of one after each
+// (nothing reads the dst pass's merged rows before the src pass ends), since small calls are bound
+// by the host's launches.
+template <typename T>
+struct MergeList {
+  MergeTarget<T> at[kMaxMerges];
+  int count;
+
+  void add(const RowChunks& chunks, int64_t dim, const accum_t<T>* part, T* out) {
+    if (count == kMaxMerges) throw std::logic_error("edgedot: more sum merges than kMaxMerges");
+    at[count++] = MergeTarget<T>{chunks, static_cast<int>(dim), part, nullptr, out, nullptr};
+  }
+};
+
+// The merges, after the kernels that wrote the partials: softmax (the forward's), out = the
+// partials' softmax-weighted sum and lse; sums (the backward's), each target's partials summed.
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
                           const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream);
 template <typename T>
-void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
-                      cudaStream_t stream);
+void launch_merge_sums(const MergeList<T>& merges, int64_t heads, cudaStream_t stream);
 
 // Whether every row the kernels read or write can move as 16-byte vectors of T.
 template <typename T>
@@ -375,7 +405,8 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //   kTeamGrads: whether Dst also sums a gradient over every unit its team serves (a parameter's,
 //     not a node's), held from its constructor on and written by store_team_grads(args, team, t)
 //     after the team's last unit; the team serves head team % heads throughout (with_backward_dst);
-//   merge_dst<T>(args, stream), merge_src<T>(args, stream): the chunk merges of its gradients.
+//   dst_merges<T>(args, list), src_merges<T>(args, list): adds the chunk merges of each pass's
+//     gradients to a MergeList (launch_backward_merges launches them together).
 //   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
 //     memory: then Src recomputes them) instead of recomputing them (RecordsPolicy gives the flag,
@@ -782,15 +813,14 @@ void with_backward_dst(const typename Score::BackwardArgs& a, F&& f) {
   });
 }
 
-// The dst pass (delta, the destinations' and the edges' gradients) and its merges.
+// The dst pass (delta, the destinations' and the edges' gradients); its merges come with the src
+// pass's (launch_backward_merges).
 template <class Score>
 void launch_backward_dst(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   dispatch_scalar(scalar, [&](auto zero) {
-    using T = decltype(zero);
-    with_backward_dst<Score, T>(a, [&](auto kernel, int blocks, int group) {
+    with_backward_dst<Score, decltype(zero)>(a, [&](auto kernel, int blocks, int group) {
       kernel<<<blocks, kBlockThreads, 0, stream>>>(a, group);
     });
-    if (a.dst_chunks.first_chunk != nullptr) Score::template merge_dst<T>(a, stream);
   });
 }
 
@@ -822,7 +852,7 @@ int64_t src_state_bytes(const typename Score::BackwardArgs& a, ScalarKind scalar
   return bytes;
 }
 
-// The src pass (the sources' gradients, reading delta) and its merges.
+// The src pass (the sources' gradients, reading delta); its merges: launch_backward_merges.
 template <class Score>
 void launch_backward_src(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
   dispatch_scalar(scalar, [&](auto zero) {
@@ -846,7 +876,19 @@ void launch_backward_src(const typename Score::BackwardArgs& a, ScalarKind scala
         run(edge, std::false_type{});
       }
     });
-    if (a.src_chunks.first_chunk != nullptr) Score::template merge_src<T>(a, stream);
+  });
+}
+
+// The merges of both passes' long rows in one launch, after the passes (the src pass's only where it
+// ran: src_chunks is empty without it).
+template <class Score>
+void launch_backward_merges(const typename Score::BackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  dispatch_scalar(scalar, [&](auto zero) {
+    using T = decltype(zero);
+    MergeList<T> merges{};
+    if (a.dst_chunks.first_chunk != nullptr) Score::template dst_merges<T>(a, merges);
+    if (a.src_chunks.first_chunk != nullptr) Score::template src_merges<T>(a, merges);
+    if (merges.count > 0) launch_merge_sums<T>(merges, a.in.heads, stream);
   });
 }
 

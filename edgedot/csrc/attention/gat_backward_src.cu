@@ -1,4 +1,4 @@
-// The backward's source pass of GAT and GATv2 (GatScore, Gatv2Score).
+// The backward's source pass of GAT and GATv2 (GatScore, Gatv2Score), and both passes' merges.
 #include "attention/gat_scores.cuh"
 
 namespace edgedot {
@@ -8,6 +8,14 @@ void launch_gat_backward_src(const GatBackwardArgs& a, ScalarKind scalar, cudaSt
     launch_backward_src<Gatv2Score>(a, scalar, stream);
   } else {
     launch_backward_src<GatScore>(a, scalar, stream);
+  }
+}
+
+void launch_gat_backward_merges(const GatBackwardArgs& a, ScalarKind scalar, cudaStream_t stream) {
+  if (a.in.v2) {
+    launch_backward_merges<Gatv2Score>(a, scalar, stream);
+  } else {
+    launch_backward_merges<GatScore>(a, scalar, stream);
   }
 }
 

@@ -201,6 +201,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     launch_gat_backward_src(args, scalar, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  launch_gat_backward_merges(args, scalar, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor datt = in.v2 ? column_sum(datt_teams).view({heads, dim}).to(x.scalar_type()) : none();
   return {dx, da_src, dst_grad, datt, edge_grad};
 }

@@ -62,9 +62,8 @@ struct GatFamily : RecordsPolicy {
   }
 
   template <typename T>
-  static void merge_src_rows(const BackwardArgs& a, cudaStream_t stream) {
-    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dx),
-                        static_cast<T*>(a.dx), stream);
+  static void src_row_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dx), static_cast<T*>(a.dx));
   }
 };
 
@@ -243,15 +242,13 @@ struct GatScore : GatFamily {
   };
 
   template <typename T>
-  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
-    launch_merge_sum<T>(a.dst_chunks, a.in.heads, 1, static_cast<const accum_t<T>*>(a.part_dst_grad),
-                        static_cast<T*>(a.dst_grad), stream);
+  static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    merges.add(a.dst_chunks, 1, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad));
   }
   template <typename T>
-  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
-    merge_src_rows<T>(a, stream);
-    launch_merge_sum<T>(a.src_chunks, a.in.heads, 1, static_cast<const accum_t<T>*>(a.part_da_src),
-                        static_cast<T*>(a.da_src), stream);
+  static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    src_row_merges<T>(a, merges);
+    merges.add(a.src_chunks, 1, static_cast<const accum_t<T>*>(a.part_da_src), static_cast<T*>(a.da_src));
   }
 };
 
@@ -522,14 +519,12 @@ struct Gatv2Score : GatFamily {
   };
 
   template <typename T>
-  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
-    using A = accum_t<T>;
-    launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const A*>(a.part_dst_grad),
-                        static_cast<T*>(a.dst_grad), stream);
+  static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad));
   }
   template <typename T>
-  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
-    merge_src_rows<T>(a, stream);
+  static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    src_row_merges<T>(a, merges);
   }
 };
 

@@ -1,11 +1,13 @@
 // The merge of long rows' chunks (for_each_unit in engine.cuh): each chunk of a long row wrote a
 // partial result to its slot; here each (long row, head) combines its chunks' partials in chunk
-// order and writes the row's final values. Rows of few chunks take a warp each; rows of many (hubs)
-// take a whole block, whose warps merge interleaved chunks and then combine in warp order. Every
-// order is fixed, so results are bitwise reproducible. The kernel is instantiated for the columns a
-// lane holds (kCols): 1 for rows of at most 32 columns (a head of 32, GAT's per-head sums), which
-// then keep four times the partials in flight in the same registers (the merge is bound by their
+// order and writes the row's final values. One launch serves a list of such merges (a backward's
+// gradients), one after the other. Rows of few chunks take a warp each; rows of many (hubs) take a
+// whole block, whose warps merge interleaved chunks and then combine in warp order. Every order is
+// fixed, so results are bitwise reproducible. The kernel is instantiated for the columns a lane
+// holds (kCols): 1 for rows of at most 32 columns (a head of 32, GAT's per-head sums), which then
+// keep four times the partials in flight in the same registers (the merge is bound by their
 // latency), else kAttentionMaxDim / 32.
+#include <algorithm>
 #include <type_traits>
 
 #include <cub/block/block_scan.cuh>
@@ -110,23 +112,29 @@ __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftm
   if (kSoftmax && lane == 0) lse[unit] = bad ? nan : s.m + accurate_log(s.l);
 }
 
-// Every (long row, head) in one launch (one launch fewer than a kernel per phase: small calls are
-// bound by the host's launches). First each warp of the grid takes rows of at most
-// kWarpMergeChunks chunks; then each block takes (hub, head) units of more chunks, so that the
-// heads and rows of hubs spread over the device: every block lists the hubs the same way (a
-// block-wide scan over the long rows, in order) and takes the units j with j % gridDim.x ==
-// blockIdx.x. The two phases write disjoint rows.
+// A block's shared memory for a hub's merge: the scan that lists the hubs, and each warp's merged
+// columns, (max, sum) and NaN flag.
+template <typename A, int kCols>
+struct HubShared {
+  typename cub::BlockScan<int, kMergeBlockThreads>::TempStorage scan;
+  int32_t hubs[kMergeBlockThreads];
+  A warp_acc[kMergeWarps][kCols * 32];
+  A warp_ml[kMergeWarps][2];
+  bool warp_bad[kMergeWarps];
+};
+
+// Every (long row, head) of one merge target. First each warp of the grid takes rows of at most
+// kWarpMergeChunks chunks; then each block takes (hub, head) units of more chunks, so that the heads
+// and rows of hubs spread over the device: every block lists the hubs the same way (a block-wide
+// scan over the long rows, in order) and takes the units j with j % gridDim.x == blockIdx.x. The two
+// phases write disjoint rows. Block-uniform control flow throughout (its __syncthreads).
 template <typename T, bool kSoftmax, int kCols>
-__global__ void __launch_bounds__(kMergeBlockThreads)
-merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const accum_t<T>* part_ml, T* out,
-             accum_t<T>* lse) {
+__device__ __forceinline__ void merge_target(const MergeTarget<T>& m, int64_t heads,
+                                             HubShared<accum_t<T>, kCols>& shared) {
   using A = accum_t<T>;
   using Scan = cub::BlockScan<int, kMergeBlockThreads>;
-  __shared__ typename Scan::TempStorage scan_temp;
-  __shared__ int32_t hubs[kMergeBlockThreads];
-  __shared__ A warp_acc[kMergeWarps][kCols * 32];
-  __shared__ A warp_ml[kMergeWarps][2];
-  __shared__ bool warp_bad[kMergeWarps];
+  const RowChunks& c = m.chunks;
+  const int dim = m.dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t num_long = *c.num_long;
 
@@ -140,8 +148,8 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
     MergeState<A, kSoftmax, kCols> s;
     s.init();
     s.bad = last > c.max_slots;
-    if (!s.bad) merge_slots<kWarpMergeBatch<A, kCols>>(s, part, part_ml, heads, h, dim, first, last, 0, 1, lane);
-    write_merged<T, kSoftmax, kCols>(s, out, lse, row * heads + h, dim, lane);
+    if (!s.bad) merge_slots<kWarpMergeBatch<A, kCols>>(s, m.part, m.part_ml, heads, h, dim, first, last, 0, 1, lane);
+    write_merged<T, kSoftmax, kCols>(s, m.out, m.lse, row * heads + h, dim, lane);
   }
 
   int64_t hubs_before = 0;  // hubs listed in earlier passes
@@ -153,25 +161,28 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
       if (c.first_chunk[row + 1] - c.first_chunk[row] <= kWarpMergeChunks) row = -1;
     }
     int position, found;
-    Scan(scan_temp).ExclusiveSum(row >= 0 ? 1 : 0, position, found);
-    if (row >= 0) hubs[position] = row;
+    Scan(shared.scan).ExclusiveSum(row >= 0 ? 1 : 0, position, found);
+    if (row >= 0) shared.hubs[position] = row;
     __syncthreads();
     const int64_t blocks = gridDim.x, block = blockIdx.x;
     // Hub unit hubs_before * heads + j is this block's when it is block modulo blocks.
     for (int64_t j = (block - hubs_before * heads % blocks + blocks) % blocks; j < found * heads; j += blocks) {
-      const int64_t hub = hubs[j / heads], h = j % heads;
+      const int64_t hub = shared.hubs[j / heads], h = j % heads;
       const int64_t first = c.first_chunk[hub], last = c.first_chunk[hub + 1];
       MergeState<A, kSoftmax, kCols> s;
       s.init();
       s.bad = last > c.max_slots;
-      if (!s.bad) merge_slots<kBlockMergeBatch<A, kCols>>(s, part, part_ml, heads, h, dim, first, last, warp, kMergeWarps, lane);
+      if (!s.bad) {
+        merge_slots<kBlockMergeBatch<A, kCols>>(s, m.part, m.part_ml, heads, h, dim, first, last, warp, kMergeWarps,
+                                                lane);
+      }
 #pragma unroll
       for (int i = 0; i < kCols; ++i)
-        if (lane + 32 * i < dim) warp_acc[warp][lane + 32 * i] = s.acc[i];
+        if (lane + 32 * i < dim) shared.warp_acc[warp][lane + 32 * i] = s.acc[i];
       if (lane == 0) {
-        warp_ml[warp][0] = s.m;
-        warp_ml[warp][1] = s.l;
-        warp_bad[warp] = s.bad;
+        shared.warp_ml[warp][0] = s.m;
+        shared.warp_ml[warp][1] = s.l;
+        shared.warp_bad[warp] = s.bad;
       }
       __syncthreads();
       if (warp == 0) {
@@ -180,17 +191,38 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
         for (int w = 0; w < kMergeWarps; ++w) {
           A cols[kCols];
 #pragma unroll
-          for (int i = 0; i < kCols; ++i) cols[i] = lane + 32 * i < dim ? warp_acc[w][lane + 32 * i] : A(0);
-          if (warp_bad[w]) total.bad = true;
+          for (int i = 0; i < kCols; ++i) cols[i] = lane + 32 * i < dim ? shared.warp_acc[w][lane + 32 * i] : A(0);
+          if (shared.warp_bad[w]) total.bad = true;
           // A warp that merged no chunk holds (-inf, 0): add() skips it.
-          total.add(kSoftmax ? warp_ml[w][0] : A(0), kSoftmax ? warp_ml[w][1] : A(0), cols, dim, lane);
+          total.add(kSoftmax ? shared.warp_ml[w][0] : A(0), kSoftmax ? shared.warp_ml[w][1] : A(0), cols, dim, lane);
         }
-        write_merged<T, kSoftmax, kCols>(total, out, lse, hub * heads + h, dim, lane);
+        write_merged<T, kSoftmax, kCols>(total, m.out, m.lse, hub * heads + h, dim, lane);
       }
       __syncthreads();
     }
     hubs_before += found;
-    __syncthreads();  // hubs[] and scan_temp are reused by the next pass
+    __syncthreads();  // hubs[] and the scan's storage are reused by the next pass
+  }
+}
+
+// Target i of a list, picked by constant indices: indexing the kernel's parameters by a variable
+// would copy them to local memory.
+template <typename T>
+__device__ __forceinline__ MergeTarget<T> target_at(const MergeList<T>& list, int i) {
+  static_assert(kMaxMerges == 3, "one pick per target");
+  return i == 0 ? list.at[0] : i == 1 ? list.at[1] : list.at[2];
+}
+
+// Every (long row, head) of every target of the list, in one launch (small calls are bound by the
+// host's launches), the targets one after the other. A softmax merge (the forward's) has one target,
+// merged without the loop, whose live target costs its larger state registers.
+template <typename T, bool kSoftmax, int kCols>
+__global__ void __launch_bounds__(kMergeBlockThreads) merge_kernel(MergeList<T> list, int64_t heads) {
+  __shared__ HubShared<accum_t<T>, kCols> shared;
+  if constexpr (kSoftmax) {
+    merge_target<T, true, kCols>(list.at[0], heads, shared);
+  } else {
+    for (int i = 0; i < list.count; ++i) merge_target<T, false, kCols>(target_at(list, i), heads, shared);
   }
 }
 
@@ -198,15 +230,17 @@ merge_kernel(RowChunks c, int64_t heads, int dim, const accum_t<T>* part, const 
 // strides over them.
 int merge_blocks() { return sm_count() * 2; }
 
-// merge_kernel for rows of `dim` columns.
+// merge_kernel for the list's widest rows: a lane holds one column of rows of at most 32 (then
+// keeping more partials in flight), else kMergeMaxCols; a narrower target's lanes skip the columns
+// past its width, and its sums keep their order and bits.
 template <typename T, bool kSoftmax>
-void launch_merge(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, const accum_t<T>* part_ml,
-                  T* out, accum_t<T>* lse, cudaStream_t stream) {
+void launch_merge(const MergeList<T>& list, int64_t heads, cudaStream_t stream) {
+  int widest = 0;
+  for (int i = 0; i < list.count; ++i) widest = std::max(widest, list.at[i].dim);
   const auto launch = [&](auto cols) {
-    merge_kernel<T, kSoftmax, decltype(cols)::value><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(
-        c, heads, static_cast<int>(dim), part, part_ml, out, lse);
+    merge_kernel<T, kSoftmax, decltype(cols)::value><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(list, heads);
   };
-  if (dim <= 32) launch(std::integral_constant<int, 1>{});
+  if (widest <= 32) launch(std::integral_constant<int, 1>{});
   else launch(std::integral_constant<int, kMergeMaxCols>{});
 }
 
@@ -215,19 +249,21 @@ void launch_merge(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
                           const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream) {
-  launch_merge<T, true>(c, heads, dim, part, part_ml, out, lse, stream);
+  MergeList<T> list{};
+  list.at[0] = MergeTarget<T>{c, static_cast<int>(dim), part, part_ml, out, lse};
+  list.count = 1;
+  launch_merge<T, true>(list, heads, stream);
 }
 
 template <typename T>
-void launch_merge_sum(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part, T* out,
-                      cudaStream_t stream) {
-  launch_merge<T, false>(c, heads, dim, part, nullptr, out, nullptr, stream);
+void launch_merge_sums(const MergeList<T>& merges, int64_t heads, cudaStream_t stream) {
+  launch_merge<T, false>(merges, heads, stream);
 }
 
 #define EDGEDOT_MERGE(T)                                                                                          \
   template void launch_merge_softmax<T>(const RowChunks&, int64_t, int64_t, const accum_t<T>*, const accum_t<T>*, \
                                         T*, accum_t<T>*, cudaStream_t);                                           \
-  template void launch_merge_sum<T>(const RowChunks&, int64_t, int64_t, const accum_t<T>*, T*, cudaStream_t);
+  template void launch_merge_sums<T>(const MergeList<T>&, int64_t, cudaStream_t);
 EDGEDOT_MERGE(float)
 EDGEDOT_MERGE(double)
 EDGEDOT_MERGE(__half)

@@ -245,16 +245,13 @@ struct DotScore : RecordsPolicy {
   };
 
   template <typename T>
-  static void merge_dst(const BackwardArgs& a, cudaStream_t stream) {
-    launch_merge_sum<T>(a.dst_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq),
-                        static_cast<T*>(a.dq), stream);
+  static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq), static_cast<T*>(a.dq));
   }
   template <typename T>
-  static void merge_src(const BackwardArgs& a, cudaStream_t stream) {
-    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk),
-                        static_cast<T*>(a.dk), stream);
-    launch_merge_sum<T>(a.src_chunks, a.in.heads, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv),
-                        static_cast<T*>(a.dv), stream);
+  static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {
+    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk), static_cast<T*>(a.dk));
+    merges.add(a.src_chunks, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv), static_cast<T*>(a.dv));
   }
 };
 

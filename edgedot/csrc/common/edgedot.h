@@ -327,9 +327,11 @@ cudaError_t launch_attention_row_order(const int64_t* offsets, int64_t num_rows,
 // dim_v in 1 .. kAttentionMaxDim.
 void launch_attention_forward(const AttentionForwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // dq, delta (and d_edge_feat) over the dst grouping; then dk and dv over the src grouping, which
-// reads delta. Every element of the outputs is written: rows without edges as zeros.
+// reads delta; then the merges of both passes' long rows (one launch). Every element of the outputs
+// is written: rows without edges as zeros.
 void launch_attention_backward_dst(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 void launch_attention_backward_src(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+void launch_attention_backward_merges(const AttentionBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // Bytes of args.src_state the passes need (0: none), with every other field of args set.
 int64_t attention_src_state_bytes(const AttentionBackwardArgs& args, ScalarKind scalar);
 
@@ -396,11 +398,13 @@ struct GatBackwardArgs {
 // out, lse (and alpha) over the dst grouping; every element written. dim in 1 .. kAttentionMaxDim.
 void launch_gat_forward(const GatForwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // The dst pass (delta, dst_grad, datt_teams, edge_grad), then the src pass (dx, da_src), which reads
-// delta. Every element of the outputs is written: rows without edges as zeros.
+// delta, then the merges of both passes' long rows (one launch). Every element of the outputs is
+// written: rows without edges as zeros.
 void launch_gat_backward_dst(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // Teams of the dst pass (0 when it has no work), with every other field of args set.
 int64_t gat_dst_pass_teams(const GatBackwardArgs& args, ScalarKind scalar);
 void launch_gat_backward_src(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
+void launch_gat_backward_merges(const GatBackwardArgs& args, ScalarKind scalar, cudaStream_t stream);
 // Bytes of args.src_state the passes need (0: none), with every other field of args set.
 int64_t gat_src_state_bytes(const GatBackwardArgs& args, ScalarKind scalar);
 
