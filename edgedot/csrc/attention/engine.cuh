@@ -296,9 +296,9 @@ struct MergeTarget {
 // dx and da_src).
 constexpr int kMaxMerges = 3;
 
-// Sum merges launched together: one launch after both backward passes instead of one after each
-// (nothing reads the dst pass's merged rows before the src pass ends), since small calls are bound
-// by the host's launches.
+// Sum merges launched together: after both backward passes instead of one after each (nothing
+// reads the dst pass's merged rows before the src pass ends), in one launch for rows of at most 32
+// columns and one for wider rows, since small calls are bound by the host's launches.
 template <typename T>
 struct MergeList {
   MergeTarget<T> at[kMaxMerges];

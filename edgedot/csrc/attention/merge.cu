@@ -7,7 +7,6 @@
 // holds (kCols): 1 for rows of at most 32 columns (a head of 32, GAT's per-head sums), which then
 // keep four times the partials in flight in the same registers (the merge is bound by their
 // latency), else kAttentionMaxDim / 32.
-#include <algorithm>
 #include <type_traits>
 
 #include <cub/block/block_scan.cuh>
@@ -230,18 +229,22 @@ __global__ void __launch_bounds__(kMergeBlockThreads) merge_kernel(MergeList<T> 
 // strides over them.
 int merge_blocks() { return sm_count() * 2; }
 
-// merge_kernel for the list's widest rows: a lane holds one column of rows of at most 32 (then
-// keeping more partials in flight), else kMergeMaxCols; a narrower target's lanes skip the columns
-// past its width, and its sums keep their order and bits.
+// merge_kernel for the targets of rows of at most 32 columns (a lane holds one, and keeps more
+// partials in flight: GAT's per-head sums, heads of up to 32) and, in a second launch where the list
+// has any, for the wider ones (kMergeMaxCols a lane): one class's batches would slow the other's.
 template <typename T, bool kSoftmax>
 void launch_merge(const MergeList<T>& list, int64_t heads, cudaStream_t stream) {
-  int widest = 0;
-  for (int i = 0; i < list.count; ++i) widest = std::max(widest, list.at[i].dim);
-  const auto launch = [&](auto cols) {
-    merge_kernel<T, kSoftmax, decltype(cols)::value><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(list, heads);
-  };
-  if (widest <= 32) launch(std::integral_constant<int, 1>{});
-  else launch(std::integral_constant<int, kMergeMaxCols>{});
+  MergeList<T> narrow{}, wide{};
+  for (int i = 0; i < list.count; ++i) {
+    MergeList<T>& to = list.at[i].dim <= 32 ? narrow : wide;
+    to.at[to.count++] = list.at[i];
+  }
+  if (narrow.count > 0) {
+    merge_kernel<T, kSoftmax, 1><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(narrow, heads);
+  }
+  if (wide.count > 0) {
+    merge_kernel<T, kSoftmax, kMergeMaxCols><<<merge_blocks(), kMergeBlockThreads, 0, stream>>>(wide, heads);
+  }
 }
 
 }  // namespace
