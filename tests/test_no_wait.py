@@ -142,6 +142,28 @@ def test_reused_read_back_reports_each_check():
             edgedot.wait_for_checks()
 
 
+@requires_cuda
+def test_check_events_go_on_the_current_stream():
+    """A check's read-back event is recorded on the stream current at the call: the deferred checks'
+    wrapper of it is that stream, made once per stream; a bad graph checked on a side stream is
+    reported once that stream ran its check."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream()
+    first = checks.deferred._current_stream(device)
+    assert first == torch.cuda.current_stream(device) and checks.deferred._current_stream(device) is first
+    g = gen(7)
+    call = _ops("cuda", g)["graph_attention"]
+    bad = _batch(g, "cuda")
+    bad[0, 2] = -3
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert checks.deferred._current_stream(device) == side
+        call(bad[0], bad[1])
+    side.synchronize()
+    with pytest.raises(IndexError, match="src_idx holds -3"):
+        edgedot.wait_for_checks()
+
+
 def test_wait_for_checks_without_pending_checks_returns():
     edgedot.wait_for_checks()
     assert "wait_for_checks" in edgedot.__all__

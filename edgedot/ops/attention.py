@@ -170,8 +170,9 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
     have one row per source / destination node. ``source_inputs``: the tensors whose gradients
     the backward computes by walking the edges by source; where one will get a gradient, the
     grouping by source is built too, from the same sort."""
-    if not torch.compiler.is_compiling():
-        deferred_checks.raise_found()  # an earlier call's graph the device found bad
+    # An earlier call's graph the device found bad; a checked CUDA call settles them in its check.
+    if not (check_indices and dst_feat.is_cuda) and not torch.compiler.is_compiling():
+        deferred_checks.raise_found()
     if plan is not None:
         plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
     num_dst, is_cuda = dst_feat.shape[0], dst_feat.is_cuda

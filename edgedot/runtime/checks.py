@@ -242,12 +242,17 @@ class DeferredChecks:
     # Read-back buffers kept for reuse, per device: making a pinned tensor and an Event costs the
     # host more than the check's launch.
     MAX_SPARE = 16
+    # Stream wrappers kept for Event.record, per (stream, device): torch.cuda.current_stream makes
+    # a new one every call, which cost the H200 machine's host about a tenth of a mini-batch
+    # forward (py-spy, 2026-12-05). Past this many, they are all dropped.
+    MAX_STREAMS = 64
     # int32 flags a check writes (kGraphCheckFlags in csrc/common/edgedot.h).
     NUM_FLAGS = 5
 
     def __init__(self):
         self._pending = []
         self._spare = {}
+        self._streams = {}
         self._lock = threading.Lock()  # threads may call ops at once
 
     def buffer(self, device):
@@ -265,9 +270,21 @@ class DeferredChecks:
         (:func:`launch_graph_check`'s bits), forgotten if it fails; ``graph``:
         :func:`check_graph`'s tensors and names."""
         host, done = read_back
-        done.record(torch.cuda.current_stream(device))
+        done.record(self._current_stream(device))
         with self._lock:
             self._pending.append((done, host, launched, graph, device))
+
+    def _current_stream(self, device):
+        """``torch.cuda.current_stream(device)`` (``device``: a CUDA device with its index), the
+        same wrapper for the same stream each time."""
+        key = torch._C._cuda_getCurrentStream(device.index)  # (stream id, device index, device type)
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= self.MAX_STREAMS:
+                self._streams.clear()
+            stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+            self._streams[key] = stream
+        return stream
 
     def give_back(self, read_back, device):
         """Returns an unused pair of :meth:`buffer` to the spares."""
