@@ -12,8 +12,9 @@
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
 # (about 8 minutes: build 45 s, tests on 4 workers, sanitizers 2), then `bench` (about 8 minutes
 # with BENCH_ARGS="--reps-scale 0.25"). BENCH_ARGS passes options to the benchmark, PYTEST_ARGS
-# to pytest, PYTEST_TARGETS the test files (default: tests), PROFILE_ARGS to
-# scripts/profile_minibatch.py.
+# to pytest, PYTEST_TARGETS the test files (default: tests), PYTEST_RESUME_LOGS a folder of earlier
+# calls' pytest.log files whose finished tests are left out (the whole suite over several calls),
+# PROFILE_ARGS to scripts/profile_minibatch.py.
 #
 # `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
 # minutes: scripts/build_wheel.sh builds it (about 2 minutes for sm_80 and sm_90 on 16 cores), a
@@ -104,10 +105,12 @@ for stage in $stages; do
       python3 -c "from edgedot.runtime.build import cuda_module; cuda_module()" ;;
     tests)
       # Workers share the GPU; no test depends on another's timing. Each result is logged as it
-      # comes (-v), so a run cut short by the call's time limit still names its failures.
+      # comes (-v), so a run cut short by the call's time limit still names its failures. With
+      # PYTEST_RESUME_LOGS (a carried folder of earlier calls' pytest.log files), the tests they
+      # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
       # shellcheck disable=SC2086
-      python3 -m pytest -v ${PYTEST_TARGETS:-tests} -p no:cacheprovider -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} \
-        > "$OUT/pytest.log" 2>&1
+      PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v ${PYTEST_TARGETS:-tests} -p no:cacheprovider \
+        -p pytest_resume -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
       tail -n 1 "$OUT/pytest.log" ;;
     pyg)

@@ -1,0 +1,31 @@
+"""scripts/pytest_resume.py: a suite spread over device calls runs, in a later call, only the tests
+that earlier calls' logs do not show finished."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_later_call_runs_what_earlier_logs_do_not_show_finished(tmp_path):
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('n', [1, 2, 3, 4, 5])\n"
+        "def test_n(n):\n"
+        "    assert n != 5\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # An xdist log (cut short), a plain one, and a failure: what finished without failing is left out.
+    (logs / "call1.log").write_text("[gw0] [ 20%] PASSED test_some.py::test_n[1] \n"
+                                    "[gw1] [ 40%] FAILED test_some.py::test_n[5] \n"
+                                    "test_some.py::test_n[3] \n")
+    (logs / "call2.log").write_text("test_some.py::test_n[2] PASSED                [ 50%]\n")
+    env = dict(os.environ, PYTEST_RESUME_LOGS=str(logs),
+               PYTHONPATH=os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "pytest_resume",
+                             "test_some.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    ran = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("test_some.py::")}
+    assert ran == {"test_some.py::test_n[3]", "test_some.py::test_n[4]", "test_some.py::test_n[5]"}, result.stdout
+    assert "2 deselected" in result.stdout, result.stdout
