@@ -14,7 +14,7 @@ from edgedot.ops import agnn as agnn_ops
 from edgedot.ops import attention as attention_ops
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, assert_records_change_nothing, dtype_id,
                    fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda,
-                   skewed_index)
+                   skewed_index, walk_in_chunks)
 
 OP = torch.ops.edgedot.agnn_attention.default
 BACKWARD_OP = torch.ops.edgedot.agnn_attention_backward.default
@@ -23,7 +23,7 @@ BACKWARD_OP = torch.ops.edgedot.agnn_attention_backward.default
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
+    walk_in_chunks(monkeypatch)
 
 
 def make(num_nodes=40, num_edges=300, heads=3, dim=16, dtype=torch.float32, device="cpu", index_dtype=torch.int64,

@@ -10,7 +10,7 @@ from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
                    assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
-                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index)
+                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index, walk_in_chunks)
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -19,7 +19,7 @@ BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
+    walk_in_chunks(monkeypatch)
 
 
 def make_inputs(num_src=37, num_dst=29, num_edges=300, heads=3, dim=24, dim_v=None, dtype=torch.float32,
@@ -209,8 +209,10 @@ def test_non_finite_scores(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_hub(device):
-    """One destination with 100k incoming edges (several CPU chunks), plus a sparse rest."""
+def test_hub(device, monkeypatch):
+    """One destination with 100k incoming edges (on the CPU two chunks of the default size), plus
+    a sparse rest."""
+    monkeypatch.setattr(cpu_attention, "ONE_PASS_BYTES", 0)
     num_edges, hub = 100_000, 3
     q, k, v, src, dst, ef = make_inputs(num_src=5000, num_dst=50, num_edges=num_edges, heads=2, dim=16,
                                         device=device, skewed=False, edge_feat=True)
@@ -394,8 +396,7 @@ def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(dtype, index_dtype, mon
                                             ref_kwargs={"keep": keep, "dropout_p": 0.3})
         return (out, alpha) + grads
 
-    assert_one_chunk_path_kept(run, built, lambda n: monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", n),
-                               PATHS_AGREE[dtype])
+    assert_one_chunk_path_kept(run, built, monkeypatch, PATHS_AGREE[dtype])
 
 
 def test_cpu_one_chunk_threads_and_ops_agree_bitwise():

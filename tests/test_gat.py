@@ -15,7 +15,7 @@ from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
                    assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
-                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index)
+                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index, walk_in_chunks)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -79,7 +79,7 @@ kinds = pytest.mark.parametrize("kind", KINDS, ids=repr)
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Makes the CPU path walk a few dozen edges per chunk, so every pass spans many chunks."""
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 1024)
+    walk_in_chunks(monkeypatch)
 
 
 def _leaves(feats, dtype=None, requires_grad=True):
@@ -180,23 +180,22 @@ def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(kind, dtype, index_dtyp
                                   ref_kwargs={"keep": keep, "dropout_p": 0.3})
         return (out, alpha) + grads
 
-    assert_one_chunk_path_kept(run, built, lambda n: monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", n),
-                               PATHS_AGREE[dtype])
+    assert_one_chunk_path_kept(run, built, monkeypatch, PATHS_AGREE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 @kinds
-def test_cpu_one_chunk_bound(kind, monkeypatch):
-    """Per-edge rows of at most CHUNK_ELEMENTS take the one-chunk path; one edge more, the chunks
-    (bounded memory)."""
-    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", 300 * 3 * 16)
-    feats, src, dst = kind.make(edge=True)  # 300 edges, 3 heads of 16
+def test_cpu_one_chunk_bound(kind, dtype, monkeypatch):
+    """Per-edge tensors of at most ONE_PASS_BYTES in the accumulation dtype take the one-pass
+    path; one edge more, the chunks (bounded memory)."""
+    monkeypatch.setattr(cpu_attention, "ONE_PASS_BYTES", 300 * 3 * 16 * 4)  # 300 edges of 3 x 16 float32
+    edges_at_bound = 300 if dtype == torch.float32 else 150
     edges = getattr(cpu_gat, f"_{kind.name}_edges")
     built = []
     monkeypatch.setattr(cpu_gat, f"_{kind.name}_edges", lambda *a: built.append(1) or edges(*a))
-    check(kind, feats, src, dst)
+    check(kind, *kind.make(num_edges=edges_at_bound, dtype=dtype, edge=True))
     assert len(built) == 1
-    feats, src, dst = kind.make(num_edges=301, edge=True)
-    check(kind, feats, src, dst)
+    check(kind, *kind.make(num_edges=edges_at_bound + 1, dtype=dtype, edge=True))
     assert len(built) == 1
 
 

@@ -262,15 +262,23 @@ def fill_cuda_cache_with_nan(device="cuda"):
 PATHS_AGREE = {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
-def assert_one_chunk_path_kept(run, built, set_chunk_elements, tolerance):
-    """``run()`` (a flat tuple of tensors: outputs and gradients) twice on the CPU's one-chunk
+def walk_in_chunks(monkeypatch, elements=1024):
+    """Makes the CPU attention path walk ``elements`` per-edge elements a chunk and never take its
+    one pass, so that every pass spans many chunks."""
+    from edgedot.cpu import attention as cpu_attention
+    monkeypatch.setattr(cpu_attention, "CHUNK_ELEMENTS", elements)
+    monkeypatch.setattr(cpu_attention, "ONE_PASS_BYTES", 0)
+
+
+def assert_one_chunk_path_kept(run, built, monkeypatch, tolerance):
+    """``run()`` (a flat tuple of tensors: outputs and gradients) twice on the CPU's one-pass
     path, which builds its per-edge tensors once a step (``built`` counts the builds: the
-    backward takes what its forward kept), then twice in chunks after
-    ``set_chunk_elements(1024)``: each path the same bits on its second run, the two paths
-    within ``tolerance`` of each other (relative error)."""
+    backward takes what its forward kept), then twice in chunks (:func:`walk_in_chunks`): each
+    path the same bits on its second run, the two paths within ``tolerance`` of each other
+    (relative error)."""
     one_chunk = [run(), run()]
     assert len(built) == 2  # one forward each
-    set_chunk_elements(1024)
+    walk_in_chunks(monkeypatch)
     chunked = [run(), run()]
     assert len(built) == 2  # the chunked path builds nothing to keep
     for first, second in (one_chunk, chunked):
