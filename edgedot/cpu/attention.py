@@ -247,11 +247,12 @@ def returned_alpha(softmax, dtype, return_attention):
 
 def edge_softmax_grads(grad_out, out, softmax, values):
     """The backward of :func:`edge_softmax` and :func:`weighted_sum` up to the scores: ``(ds,
-    dead, grads)`` as :func:`softmax_grads` yields them for a chunk."""
+    dead, grads)`` as :func:`softmax_grads` yields them for a chunk. Consumes ``values`` (the
+    per-edge rows the forward kept, read by nothing after this)."""
     alpha = softmax.alpha
     dout = in_dtype(grad_out, alpha.dtype)
     grads = dout.index_select(0, softmax.dst)
-    dp = _dropped((grads * values).sum(-1), softmax.mask, softmax.dropout_p)
+    dp = _dropped(values.mul_(grads).sum(-1), softmax.mask, softmax.dropout_p)
     delta = (dout * in_dtype(out, alpha.dtype)).sum(-1)
     ds, dead = _score_grads(dp, delta.index_select(0, softmax.dst), alpha)
     return ds, dead, grads
@@ -319,7 +320,7 @@ def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dr
         scores, extra = score(start, stop, src, dst)
         alpha = torch.exp(scores - lse.index_select(0, dst))
         grads = dout.index_select(0, dst)
-        dp = (grads * values(start, stop, src)).sum(-1)
+        dp = values(start, stop, src).mul_(grads).sum(-1)
         mask = _mask(key, start, stop, alpha.shape[1], dropout_p)
         ds, dead = _score_grads(_dropped(dp, mask, dropout_p), delta.index_select(0, dst), alpha)
         yield start, stop, src, dst, ds, dead, _dropped(alpha, mask, dropout_p), grads, extra
@@ -411,11 +412,13 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
 def _add_grads(dq, dk, dv, to_dst, to_src, ds, dead, queries, keys, dropped, grads):
     """Adds a chunk's terms of ``dq``, ``dk``, ``dv`` (``ds``: its scores' gradient, scale
     included; ``dead``: its edges of weight 0, or None); returns the keys' and values' per-edge
-    gradients."""
+    gradients, computed in place of ``queries`` and ``grads`` (``keys`` is consumed too: the
+    per-edge rows are the chunk's own, and fresh allocations of them cost page faults)."""
+    ds = ds[..., None]
     if dead is not None:
-        keys = keys.masked_fill(dead[..., None], 0)  # 0 * an infinite key would be NaN
-    to_dst.add(dq, ds[..., None] * keys)
-    d_keys, d_values = ds[..., None] * queries, dropped[..., None] * grads
+        keys.masked_fill_(dead[..., None], 0)  # 0 * an infinite key would be NaN
+    to_dst.add(dq, keys.mul_(ds))
+    d_keys, d_values = queries.mul_(ds), grads.mul_(dropped[..., None])
     to_src.add(dk, d_keys)
     to_src.add(dv, d_values)
     return d_keys, d_values

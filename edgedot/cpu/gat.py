@@ -86,7 +86,7 @@ def _gatv2_edges(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope,
     the scores and as the values."""
     acc = acc_dtype(x_src.dtype)
     values = _gather(x_src, src_idx, acc)
-    m = values + _gather(x_dst, dst_idx, acc)
+    m = _gather(x_dst, dst_idx, acc).add_(values)
     if edge_feat is not None:
         m += in_dtype(edge_feat, acc)
     act = _leaky_relu(m, negative_slope)
@@ -136,7 +136,7 @@ def _add_gat_grads(dx, da_src, da_dst, to_dst, to_src, ds, z, dropped, grads, ne
     to_dst.add(da_dst, dz)
     if dx is not None:
         to_src.add(da_src, dz)
-        to_src.add(dx, dropped[..., None] * grads)
+        to_src.add(dx, grads.mul_(dropped[..., None]))  # grads: the chunk's own rows, read by nothing after
     return dz
 
 
@@ -175,14 +175,18 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
 def _add_gatv2_grads(dx_src, dx_dst, datt, to_dst, to_src, ds, dead, m, act, att, dropped, grads, negative_slope):
     """Adds a chunk's terms of ``dx_dst``, ``datt`` and (where ``dx_src`` is not None)
     ``dx_src``; returns the per-edge gradient of ``m``."""
+    # act and grads are the chunk's own rows, read by nothing after: their products are taken in
+    # place (fresh allocations of per-edge rows cost page faults).
+    ds = ds[..., None]
     if dead is not None:
-        act = act.masked_fill(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
-    dm = _slope_grad(ds[..., None] * att, m, negative_slope)
+        act.masked_fill_(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
+    dm = ds * att
+    torch.ops.aten.leaky_relu_backward.grad_input(dm, m, negative_slope, False, grad_input=dm)
     # Summed per chunk, chunks in order: deterministic.
-    datt += (ds[..., None] * act).sum(0)
+    datt += act.mul_(ds).sum(0)
     to_dst.add(dx_dst, dm)
     if dx_src is not None:
-        to_src.add(dx_src, dropped[..., None] * grads + dm)
+        to_src.add(dx_src, grads.mul_(dropped[..., None]).add_(dm))
     return dm
 
 
