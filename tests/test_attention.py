@@ -354,13 +354,19 @@ def test_dropout_keep_hash(seed, offset, p):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("count,num_rows", [(300, 40), (9000, 5000), (9000, 30000), (40000, 7000), (0, 5)])
 @pytest.mark.parametrize("width", [(1,), (4, 2), (16,), (17,), (4, 16), (2, 128)], ids=str)
-def test_row_sums_in_edge_order(width, count, num_rows, dtype):
+@pytest.mark.parametrize("grouped", [False, True], ids=["shuffled", "grouped"])
+def test_row_sums_in_edge_order(grouped, width, count, num_rows, dtype):
     """The CPU path's sums of rows (one row at a time, flat elements, a scatter by an int64 index,
     or a sparse product, by the rows' width and count and the index's dtype): index_add_'s sums
     against float64, the same bits on every run and by either index dtype, and nothing added to
-    rows without edges."""
+    rows without edges. An index given grouped (non-decreasing) skips the sparse matrix's sort,
+    whose order it already is."""
     g = gen(5)
     idx = torch.randint(num_rows - 1, (count,), generator=g, dtype=torch.int32)
+    if grouped:
+        idx = idx.sort().values
+        matrix = cpu_attention.RowSums(idx)._sparse(num_rows, dtype)
+        assert torch.equal(matrix.col_indices(), torch.sort(idx, stable=True).indices)
     rows = torch.randn((count,) + width, generator=g, dtype=dtype)
     start = torch.randn((num_rows,) + width, generator=g, dtype=dtype)
     runs = []
@@ -427,12 +433,17 @@ def test_cpu_one_chunk_threads_and_ops_agree_bitwise():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["shuffled", "grouped"])
 @pytest.mark.parametrize("edge_feat", [False, True], ids=["noedge", "edge"])
-def test_cpu_large_chunks_match_reference(edge_feat):
-    """A graph whose chunks take the sparse sums (9000 edges of 2 x 16): forward and gradients
-    against float64, and the same bits on a second run."""
+def test_cpu_large_chunks_match_reference(edge_feat, grouped):
+    """A graph whose chunks take the sparse sums (9000 edges of 2 x 16), its edges shuffled or
+    grouped by destination (as a mini-batch's): forward and gradients against float64, and the
+    same bits on a second run."""
     q, k, v, src, dst, ef = make_inputs(num_src=4000, num_dst=6000, num_edges=9000, heads=2, dim=16,
                                         edge_feat=edge_feat)
+    if grouped:
+        order = torch.argsort(dst, stable=True)
+        src, dst, ef = src[order], dst[order], None if ef is None else ef[order]
     leaves = [t.detach().requires_grad_() for t in (q, k, v) + ((ef,) if edge_feat else ())]
     grad_out = rand_feat(q.shape, torch.float32, "cpu", gen(7))
     results = []

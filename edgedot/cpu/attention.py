@@ -133,10 +133,13 @@ class RowSums:
         if self._matrix is None or self._matrix.shape[0] != num_rows or self._matrix.dtype != dtype:
             idx = self.index(torch.int32)
             count = idx.shape[0]
-            keys = idx
-            if count < _RADIX_SORT_ELEMENTS:  # padding keys (num_rows) sort last, and are dropped
-                keys = torch.cat([idx, idx.new_full((_RADIX_SORT_ELEMENTS - count,), num_rows)])
-            order = torch.sort(keys, stable=True).indices[:count]
+            if bool((idx[1:] >= idx[:-1]).all()):  # edges grouped by this index already (a mini-batch's
+                order = torch.arange(count)        # destinations): the stable sort's order, for an eighth of its cost
+            else:
+                keys = idx
+                if count < _RADIX_SORT_ELEMENTS:  # padding keys (num_rows) sort last, and are dropped
+                    keys = torch.cat([idx, idx.new_full((_RADIX_SORT_ELEMENTS - count,), num_rows)])
+                order = torch.sort(keys, stable=True).indices[:count]
             crow = torch.zeros(num_rows + 1, dtype=torch.int64)
             torch.cumsum(torch.bincount(idx, minlength=num_rows), 0, out=crow[1:])
             with warnings.catch_warnings():  # PyTorch calls its sparse CSR layout beta, once a process
