@@ -264,8 +264,9 @@ def edge_softmax_grads(grad_out, out, softmax, values):
 def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p, key, return_attention, dtype):
     """The softmax over each destination's incoming edges and the weighted sum of values, in
     chunks of edges: ``score(start, stop, src, dst)`` gives the chunk's ``[stop - start, H]``
-    scores and ``values(start, stop, src)`` its ``[stop - start, H, dim_v]`` values, both in the
-    accumulation dtype (``src``, ``dst``: the chunk's int32 rows); ``width`` sizes the chunks (the
+    scores and ``values(start, stop, src)`` its ``[stop - start, H, dim_v]`` values (a new tensor,
+    which the pass consumes), both in the accumulation dtype (``src``, ``dst``: the chunk's int32
+    rows); ``width`` sizes the chunks (the
     widest per-edge rows the callbacks gather). Returns ``(out [num_dst, H, dim_v] = out_shape in
     dtype, lse [num_dst, H] in the accumulation dtype, alpha [E, H] in dtype or an empty ``[0]``
     tensor)``."""
@@ -297,7 +298,7 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
         to_dst.add(total, weight)
         if alpha is not None:
             alpha[start:stop] = weight
-        to_dst.add(weighted, _kept(weight, key, start, stop, dropout_p)[..., None] * values(start, stop, src))
+        to_dst.add(weighted, values(start, stop, src).mul_(_kept(weight, key, start, stop, dropout_p)[..., None]))
 
     lse, divisor = _lse_and_divisor(top, total)
     out = in_dtype(weighted / divisor[..., None], dtype)
