@@ -313,9 +313,10 @@ def softmax_grads(grad_out, out, lse, score, values, src_idx, dst_idx, width, dr
     """The backward of :func:`softmax_forward` up to the scores, recomputed from ``lse``: yields
     per chunk of edges ``(start, stop, src, dst, ds, dead, kept, grads, extra)`` with ``ds`` the
     gradient of the chunk's scores (0 on edges of weight exactly 0, which add nothing even where a
-    value is infinite), ``dead`` those edges (None where there is none), ``kept`` the weights after dropout, ``grads`` =
-    ``grad_out`` of each edge's destination; ``score(start, stop, src, dst)`` returns ``(scores,
-    extra)``; ``width`` sizes the chunks as in :func:`softmax_forward`."""
+    value is infinite), ``dead`` those edges (None where there is none), ``kept`` the weights
+    after dropout, ``grads`` = ``grad_out`` of each edge's destination (a new tensor the caller
+    may overwrite); ``score(start, stop, src, dst)`` returns ``(scores, extra)``; ``values`` and
+    ``width`` as in :func:`softmax_forward`."""
     acc = lse.dtype
     dout = in_dtype(grad_out, acc)
     delta = (dout * in_dtype(out, acc)).sum(-1)
