@@ -1,10 +1,12 @@
 """The three layers' forward + backward on the CPU against PyG's with the same weights, on graphs
 from a toy one to ogbn-arxiv-like density: the evidence behind docs/performance.md's CPU table.
 
-    python scripts/cpu_layers.py [--threads 2] [--cases tiny,cora,pubmed,20k]
+    python scripts/cpu_layers.py [--threads 2] [--cases tiny,cora,pubmed,20k,batch]
 
 Each layer is called as ``conv(x, edge_index)`` with default options (the GAT layers add
-self-loops) on uniform random edges, and ``out.sum()`` is differentiated. Both outputs and the
+self-loops) on uniform random edges, and ``out.sum()`` is differentiated. ``batch`` is shaped
+like a sampled mini-batch (examples/train_minibatch.py's on the CPU): half the nodes receive 5
+edges each from any node, the edges grouped by destination as ``NeighborLoader`` emits them. Both outputs and the
 weights' gradients are first checked against each other (float32, relative error 1e-4); then
 edgedot and PyG steps alternate, and the medians of ``time.perf_counter`` per step are printed
 with their ratio.
@@ -25,8 +27,9 @@ CASES = {
     "cora": (2708, 10556, 1433, 8, 8),
     "pubmed": (19717, 88648, 500, 8, 8),
     "20k": (20000, 400000, 128, 4, 32),
+    "batch": (16384, 40960, 100, 4, 32),
 }
-STEPS = {"tiny": 200, "cora": 30, "pubmed": 8, "20k": 5}
+STEPS = {"tiny": 200, "cora": 30, "pubmed": 8, "20k": 5, "batch": 15}
 
 
 def rel_error(got, want):
@@ -49,6 +52,8 @@ def main():
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(nodes, features, generator=gen)
         edge_index = torch.randint(nodes, (2, edges), generator=gen)
+        if case == "batch":
+            edge_index[1] = torch.arange(nodes // 2).repeat_interleave(edges // (nodes // 2))
         for name in ("TransformerConv", "GATConv", "GATv2Conv"):
             theirs = getattr(pyg, name)(features, channels, heads=heads)
             ours = getattr(edgedot.nn, name)(features, channels, heads=heads)
