@@ -53,8 +53,10 @@ def backward(grad_out, x_norm, x, beta, out, lse, src_idx, dst_idx):
         d_dot = ds * beta
         if dead is not None:
             d_dot = d_dot.masked_fill(dead, 0)  # ds is 0 there; 0 * an infinite beta would be NaN
-        RowSums(dst).add(d_x_norm, d_dot[..., None] * rows_src)
+        # The chunk's rows are its own, read by nothing after: their products are taken in place.
+        d_dot = d_dot[..., None]
+        RowSums(dst).add(d_x_norm, rows_src.mul_(d_dot))
         to_src = RowSums(src)
-        to_src.add(d_x_norm, d_dot[..., None] * rows_dst)
-        to_src.add(dx, kept[..., None] * grads)
+        to_src.add(d_x_norm, rows_dst.mul_(d_dot))
+        to_src.add(dx, grads.mul_(kept[..., None]))
     return d_x_norm.to(x.dtype), dx.to(x.dtype), d_beta
