@@ -266,10 +266,9 @@ def softmax_forward(score, values, src_idx, dst_idx, out_shape, width, dropout_p
     chunks of edges: ``score(start, stop, src, dst)`` gives the chunk's ``[stop - start, H]``
     scores and ``values(start, stop, src)`` its ``[stop - start, H, dim_v]`` values (a new tensor,
     which the pass consumes), both in the accumulation dtype (``src``, ``dst``: the chunk's int32
-    rows); ``width`` sizes the chunks (the
-    widest per-edge rows the callbacks gather). Returns ``(out [num_dst, H, dim_v] = out_shape in
-    dtype, lse [num_dst, H] in the accumulation dtype, alpha [E, H] in dtype or an empty ``[0]``
-    tensor)``."""
+    rows); ``width`` sizes the chunks (the widest per-edge rows the callbacks gather). Returns
+    ``(out [num_dst, H, dim_v] = out_shape in dtype, lse [num_dst, H] in the accumulation dtype,
+    alpha [E, H] in dtype or an empty ``[0]`` tensor)``."""
     acc = acc_dtype(dtype)
     num_dst, heads, dim_v = out_shape
     num_edges = src_idx.shape[0]

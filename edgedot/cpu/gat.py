@@ -18,9 +18,11 @@ def _leaky_relu(z, slope):
     return F.leaky_relu(z, slope)
 
 
-def _slope_grad(grad, z, slope):
+def _slope_grad(grad, z, slope, in_place=False):
     """``grad * leaky_relu'(z)``, the derivative taken as ``slope`` at 0 (z > 0 ? grad : grad *
-    slope, in one pass)."""
+    slope, in one pass); with ``in_place``, written over ``grad``."""
+    if in_place:
+        return torch.ops.aten.leaky_relu_backward.grad_input(grad, z, slope, False, grad_input=grad)
     return torch.ops.aten.leaky_relu_backward(grad, z, slope, False)
 
 
@@ -136,7 +138,7 @@ def _add_gat_grads(dx, da_src, da_dst, to_dst, to_src, ds, z, dropped, grads, ne
     to_dst.add(da_dst, dz)
     if dx is not None:
         to_src.add(da_src, dz)
-        to_src.add(dx, grads.mul_(dropped[..., None]))  # grads: the chunk's own rows, read by nothing after
+        to_src.add(dx, grads.mul_(dropped[..., None]))  # grads: the chunk's own rows, read once
     return dz
 
 
@@ -180,8 +182,7 @@ def _add_gatv2_grads(dx_src, dx_dst, datt, to_dst, to_src, ds, dead, m, act, att
     ds = ds[..., None]
     if dead is not None:
         act.masked_fill_(dead[..., None], 0)  # ds is 0 there; 0 * an infinite m would be NaN
-    dm = ds * att
-    torch.ops.aten.leaky_relu_backward.grad_input(dm, m, negative_slope, False, grad_input=dm)
+    dm = _slope_grad(ds * att, m, negative_slope, in_place=True)
     # Summed per chunk, chunks in order: deterministic.
     datt += act.mul_(ds).sum(0)
     to_dst.add(dx_dst, dm)
