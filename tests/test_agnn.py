@@ -12,9 +12,9 @@ from edgedot.cpu import agnn as cpu_agnn
 from edgedot.cpu import attention as cpu_attention
 from edgedot.ops import agnn as agnn_ops
 from edgedot.ops import attention as attention_ops
-from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, assert_records_change_nothing, dtype_id,
-                   fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda,
-                   skewed_index, walk_in_chunks)
+from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, assert_accurate, assert_records_change_nothing,
+                   assert_unchanged, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat, rand_index,
+                   rel_error, requires_cuda, skewed_index, snapshot, walk_in_chunks)
 
 OP = torch.ops.edgedot.agnn_attention.default
 BACKWARD_OP = torch.ops.edgedot.agnn_attention_backward.default
@@ -44,6 +44,7 @@ def check(x, beta, src, dst, grad=True, **kwargs):
     Returns (out, alpha, (dx, dbeta) or None)."""
     dtype = x.dtype
     leaves = [t.detach().requires_grad_(grad) for t in (x, beta)]  # detach() keeps the strides
+    copies = snapshot(x, beta, src, dst)
     out, alpha = edgedot.agnn_attention(*leaves, src, dst, return_attention=True, **kwargs)
     low = [t.detach().to(dtype).requires_grad_(grad) for t in (x, beta)]
     leaves64 = [t.detach().double().requires_grad_(grad) for t in (x, beta)]
@@ -57,7 +58,10 @@ def check(x, beta, src, dst, grad=True, **kwargs):
     if not grad:
         return out, alpha, None
     grad_out = rand_feat(out.shape, dtype, x.device, gen(99))
+    grad_out_copy = grad_out.clone()
     grads = torch.autograd.grad(out, leaves, grad_out)
+    assert_unchanged(leaves + [src, dst, grad_out], copies + [grad_out_copy],
+                     ["x", "beta", "src_idx", "dst_idx", "grad_out"])
     assert grads[0].dtype == x.dtype and grads[1].dtype == beta.dtype and grads[1].shape == beta.shape
     if src.numel() == 0:  # the reference does not depend on its inputs at all then
         for g, leaf in zip(grads, leaves):

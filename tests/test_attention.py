@@ -9,8 +9,9 @@ from edgedot.cpu import attention as cpu_attention
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
-                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index, walk_in_chunks)
+                   assert_records_change_nothing, assert_unchanged, dtype_id, fill_cuda_cache_with_nan, gen,
+                   raises_checked, rand_feat, rand_index, records_case_graph, rel_error, requires_cuda, skewed_index,
+                   snapshot, walk_in_chunks)
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -64,6 +65,8 @@ def check_attention(q, k, v, src, dst, ef=None, grad=True, ref_kwargs=None, **kw
     reference in the inputs' dtype): output, alpha and, with ``grad``, every gradient."""
     dtype, ref_kwargs = q.dtype, ref_kwargs or {}
     leaves = [t.detach().clone().requires_grad_(grad) for t in (q, k, v) + ((ef,) if ef is not None else ())]
+    inputs, names = leaves + [src, dst], ["q", "k", "v", "edge_feat"][:len(leaves)] + ["src_idx", "dst_idx"]
+    copies = snapshot(*inputs)
     out, alpha = edgedot.graph_attention(*leaves[:3], src, dst, edge_feat=leaves[3] if ef is not None else None,
                                          return_attention=True, **kwargs)
     low_out, low_alpha, low_leaves = reference(q, k, v, src, dst, ef, requires_grad=grad, **ref_kwargs)
@@ -75,7 +78,9 @@ def check_attention(q, k, v, src, dst, ef=None, grad=True, ref_kwargs=None, **kw
     if not grad:
         return out, alpha, None
     grad_out = rand_feat(out.shape, dtype, q.device, gen(99))
+    grad_out_copy = grad_out.clone()
     grads = torch.autograd.grad(out, leaves, grad_out)
+    assert_unchanged(inputs + [grad_out], copies + [grad_out_copy], names + ["grad_out"])
     if src.numel() == 0:  # the reference does not depend on its inputs at all then
         for name, g, leaf in zip("qkve", grads, leaves):
             assert torch.equal(g, torch.zeros_like(leaf)), name

@@ -14,8 +14,9 @@ from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   assert_records_change_nothing, dtype_id, fill_cuda_cache_with_nan, gen, raises_checked, rand_feat,
-                   rand_index, records_case_graph, rel_error, requires_cuda, skewed_index, walk_in_chunks)
+                   assert_records_change_nothing, assert_unchanged, dtype_id, fill_cuda_cache_with_nan, gen,
+                   raises_checked, rand_feat, rand_index, records_case_graph, rel_error, requires_cuda, skewed_index,
+                   snapshot, walk_in_chunks)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -98,6 +99,8 @@ def check(kind, feats, src, dst, grad=True, ref_kwargs=None, **kwargs):
     if "negative_slope" in kwargs:
         ref_kwargs["negative_slope"] = kwargs["negative_slope"]
     leaves = _leaves(feats, requires_grad=grad)
+    names = list(kind.names) + ["src_idx", "dst_idx"]
+    copies = snapshot(*feats, src, dst)
     out, alpha = kind.call(kind.fn, leaves, src, dst, return_attention=True, **kwargs)
     low_leaves, leaves64 = _leaves(feats, requires_grad=grad), _leaves(feats, torch.float64, grad)
     low_out, low_alpha = kind.call(kind.ref, low_leaves, src, dst, **ref_kwargs)
@@ -112,7 +115,9 @@ def check(kind, feats, src, dst, grad=True, ref_kwargs=None, **kwargs):
     if not grad:
         return out, alpha, None
     grad_out = rand_feat(out.shape, dtype, out.device, gen(99))
+    grad_out_copy = grad_out.clone()
     grads = torch.autograd.grad(out, _present(leaves), grad_out)
+    assert_unchanged(leaves + [src, dst, grad_out], copies + [grad_out_copy], names + ["grad_out"])
     if src.numel() == 0:  # the reference does not depend on its inputs at all then
         for g, leaf in zip(grads, _present(leaves)):
             assert torch.equal(g, torch.zeros_like(leaf))

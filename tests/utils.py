@@ -120,6 +120,23 @@ def reference64(src_feat, dst_feat, src_idx, dst_idx):
     return reference(src_feat.detach().double(), dst_feat.detach().double(), src_idx, dst_idx)
 
 
+def snapshot(*tensors):
+    """Copies of ``tensors`` (None kept), for :func:`assert_unchanged`."""
+    return [None if t is None else t.detach().clone() for t in tensors]
+
+
+def assert_unchanged(tensors, copies, names):
+    """Each tensor still holds its copy's values, bit for bit (NaN where the copy has NaN): the
+    call read its inputs without writing into them (the CPU passes take products in place of
+    rows of their own)."""
+    for t, copy, name in zip(tensors, copies, names):
+        if t is not None:
+            same = t == copy
+            if t.is_floating_point():
+                same |= t.isnan() & copy.isnan()
+            assert bool(same.all()), f"{name} was written by the call"
+
+
 def rel_error(out, ref):
     """||out - ref|| / ||ref||, in float64; 0 for empty tensors, absolute error when ref is 0."""
     out = out.detach().to(torch.float64).cpu()
