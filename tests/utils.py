@@ -293,15 +293,15 @@ def assert_one_chunk_path_kept(run, built, monkeypatch, tolerance):
     backward takes what its forward kept), then twice in chunks (:func:`walk_in_chunks`): each
     path the same bits on its second run, the two paths within ``tolerance`` of each other
     (relative error)."""
-    one_chunk = [run(), run()]
+    one_pass = [run(), run()]
     assert len(built) == 2  # one forward each
     walk_in_chunks(monkeypatch)
     chunked = [run(), run()]
     assert len(built) == 2  # the chunked path builds nothing to keep
-    for first, second in (one_chunk, chunked):
+    for first, second in (one_pass, chunked):
         for a, b in zip(first, second):
             assert torch.equal(a, b)
-    for a, b in zip(one_chunk[0], chunked[0]):
+    for a, b in zip(one_pass[0], chunked[0]):
         assert rel_error(a, b) <= tolerance
 
 

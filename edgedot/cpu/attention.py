@@ -6,7 +6,7 @@ sum of ``exp(score - max)`` and the weighted values. The backward recomputes the
 saved log-sum-exp (FlashAttention's recomputation), so nothing of ``E x H`` is kept between
 passes.
 
-Problems whose per-edge rows are small enough (:func:`one_chunk`) take one pass each way instead:
+Problems whose per-edge rows are small enough (:func:`one_pass`) take one pass each way instead:
 the forward keeps its per-edge tensors (:class:`EdgeSoftmax` and the op's own) for the backward,
 which an eager call hands over (``kept``); a backward without them recomputes them with the
 forward's own operations, so both give the same bits.
@@ -22,7 +22,7 @@ from ..runtime import dropout
 # Elements of one gathered chunk ([chunk, H, D]); a pass holds a few such chunks at once.
 CHUNK_ELEMENTS = 1 << 21
 # Bytes of one per-edge tensor ([E, H, D] in the accumulation dtype) up to which a problem takes one
-# pass each way (:func:`one_chunk`), its forward keeping a few such tensors for the backward. glibc
+# pass each way (:func:`one_pass`), its forward keeping a few such tensors for the backward. glibc
 # maps a block larger than 32 MiB afresh on every allocation, and past about that size the new
 # pages' faults cost more than the chunks' recomputation (docs/performance.md, CPU).
 ONE_PASS_BYTES = 32 << 20
@@ -194,7 +194,7 @@ def _score_grads(dp, delta, alpha):
     return ds, None
 
 
-def one_chunk(num_edges, heads, width, dtype):
+def one_pass(num_edges, heads, width, dtype):
     """Whether a problem of per-edge rows ``[num_edges, heads, width]`` (inputs of ``dtype``) takes
     one pass each way: the forward then keeps its per-edge tensors for the backward (memory of a
     few such rows, as PyG's layers keep)."""
@@ -357,7 +357,7 @@ def forward(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key, return_
     :func:`backward`, else None."""
     acc = acc_dtype(q.dtype)
     num_dst, heads, dim = q.shape
-    if one_chunk(src_idx.shape[0], heads, max(dim, v.shape[-1]), q.dtype):
+    if one_pass(src_idx.shape[0], heads, max(dim, v.shape[-1]), q.dtype):
         lse, kept = _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key)
         out = weighted_sum(kept.softmax, kept.values, num_dst, q.dtype)
         return out, lse, returned_alpha(kept.softmax, q.dtype, return_attention), kept
@@ -388,7 +388,7 @@ def backward(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, scale, dr
     dq = torch.zeros((num_dst, heads, dim), dtype=acc)
     dk = torch.zeros((num_src, heads, dim), dtype=acc)
     dv = torch.zeros((num_src, heads, dim_v), dtype=acc)
-    if kept is None and one_chunk(num_edges, heads, max(dim, dim_v), q.dtype):
+    if kept is None and one_pass(num_edges, heads, max(dim, dim_v), q.dtype):
         kept = _attention_edges(q, k, v, edge_feat, src_idx, dst_idx, scale, dropout_p, key)[1]
     if kept is not None:
         softmax = kept.softmax

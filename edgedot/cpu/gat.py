@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import (EdgeSoftmax, RowSums, _gather, acc_dtype, edge_softmax, edge_softmax_grads, in_dtype,
-                        one_chunk, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
+                        one_pass, returned_alpha, softmax_forward, softmax_grads, weighted_sum)
 
 
 def _leaky_relu(z, slope):
@@ -104,7 +104,7 @@ def gat_forward(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropo
     for :func:`gat_backward`, else None."""
     acc = acc_dtype(x.dtype)
     num_dst, heads, dim = a_dst.shape[0], x.shape[1], x.shape[2]
-    if one_chunk(src_idx.shape[0], heads, dim, x.dtype):
+    if one_pass(src_idx.shape[0], heads, dim, x.dtype):
         lse, kept = _gat_edges(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key)
         out = weighted_sum(kept.softmax, kept.values, num_dst, x.dtype)
         return out, lse, returned_alpha(kept.softmax, x.dtype, return_attention), kept
@@ -118,7 +118,7 @@ def gatv2_forward(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope
     """Returns ``(out [Nd, H, C], lse [Nd, H], alpha [E, H] or empty, kept)`` as
     :func:`gat_forward`, ``kept`` a :class:`Gatv2Edges` or None."""
     acc = acc_dtype(x_src.dtype)
-    if one_chunk(src_idx.shape[0], x_src.shape[1], x_src.shape[2], x_src.dtype):
+    if one_pass(src_idx.shape[0], x_src.shape[1], x_src.shape[2], x_src.dtype):
         lse, kept = _gatv2_edges(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, key)
         out = weighted_sum(kept.softmax, kept.values, x_dst.shape[0], x_src.dtype)
         return out, lse, returned_alpha(kept.softmax, x_src.dtype, return_attention), kept
@@ -152,7 +152,7 @@ def gat_backward(grad_out, x, a_src, a_dst, a_edge, out, lse, src_idx, dst_idx, 
     dx = torch.zeros((num_src, heads, dim), dtype=acc) if src_grad else None
     da_src = torch.zeros((num_src, heads), dtype=acc) if src_grad else None
     da_dst = torch.zeros((a_dst.shape[0], heads), dtype=acc)
-    if kept is None and one_chunk(src_idx.shape[0], heads, dim, x.dtype):
+    if kept is None and one_pass(src_idx.shape[0], heads, dim, x.dtype):
         kept = _gat_edges(x, a_src, a_dst, a_edge, src_idx, dst_idx, negative_slope, dropout_p, key)[1]
     if kept is not None:
         softmax = kept.softmax
@@ -204,7 +204,7 @@ def gatv2_backward(grad_out, x_src, x_dst, att, edge_feat, out, lse, src_idx, ds
     dx_src = torch.zeros((num_src, heads, dim), dtype=acc) if src_grad else None
     dx_dst = torch.zeros(x_dst.shape, dtype=acc)
     datt = torch.zeros((heads, dim), dtype=acc)
-    if kept is None and one_chunk(src_idx.shape[0], heads, dim, dtype):
+    if kept is None and one_pass(src_idx.shape[0], heads, dim, dtype):
         kept = _gatv2_edges(x_src, x_dst, att, edge_feat, src_idx, dst_idx, negative_slope, dropout_p, key)[1]
     if kept is not None:
         softmax = kept.softmax
