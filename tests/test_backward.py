@@ -343,3 +343,52 @@ def test_grad_accumulates_into_existing_grad(device):
     edgedot.edge_dot(src, dst, src_idx, dst_idx).sum().backward()
     torch.testing.assert_close(src.grad, 2 * first[0])
     torch.testing.assert_close(dst.grad, 2 * first[1])
+
+
+def _op_grads(src, dst, src_idx, dst_idx, grad_out):
+    """Output and gradients through the registered op (the dispatcher and its autograd wrapper)."""
+    s, d = src.detach().clone().requires_grad_(True), dst.detach().clone().requires_grad_(True)
+    out = torch.ops.edgedot.edge_dot(s, d, src_idx, dst_idx, None, None, False, True)
+    return (out, *torch.autograd.grad(out, (s, d), grad_out))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "chunked"])
+@pytest.mark.parametrize("case", ["2d", "heads", "broadcast_1", "broadcast_2d", "no_edges"])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, monkeypatch):
+    """On the CPU, edge_dot's eager paths (float32 and float64 problems of one chunk as ATen ops
+    autograd records, the rest through an autograd.Function) give the registered op's outputs and
+    gradients, bit for bit, on contiguous and non-contiguous features."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    if chunked:
+        monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 256)
+    src, dst, src_idx, dst_idx = _graph(case, dtype, index_dtype, "cpu", seed=11)
+    grad_out = _grad_out(src, dst, src_idx.shape[0], gen(12))
+    strided = (src.transpose(0, -1).contiguous().transpose(0, -1), dst[:, None].expand(-1, 2, *dst.shape[1:])[:, 1])
+    for s, d in ((src, dst), strided):
+        assert torch.equal(s, src) and torch.equal(d, dst)
+        want = _op_grads(s, d, src_idx, dst_idx, grad_out)
+        se, de = s.detach().clone().requires_grad_(True), d.detach().clone().requires_grad_(True)
+        out = edgedot.edge_dot(se, de, src_idx, dst_idx)
+        recorded = dtype in (torch.float32, torch.float64) and (not chunked or case == "no_edges")
+        assert (type(out.grad_fn).__name__ == "EagerCPUEdgeDotBackward") != recorded, type(out.grad_fn)
+        got = (out, *torch.autograd.grad(out, (se, de), grad_out))
+        for name, a, b in zip(("out", "grad src_feat", "grad dst_feat"), got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+        with torch.no_grad():
+            assert torch.equal(edgedot.edge_dot(s, d, src_idx, dst_idx), want[0])
+
+
+def test_cpu_eager_path_refuses_bad_indices():
+    """The recorded path checks the graph first: a negative index (which indexing would read from
+    the end) or one past the rows raises IndexError naming the index tensor."""
+    g = gen(13)
+    src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=True)
+    dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=True)
+    for name, bad in (("src_idx", -1), ("src_idx", 6), ("dst_idx", -2), ("dst_idx", 5)):
+        src_idx, dst_idx = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+        (src_idx if name == "src_idx" else dst_idx)[1] = bad
+        with pytest.raises(IndexError, match=name):
+            edgedot.edge_dot(src, dst, src_idx, dst_idx)

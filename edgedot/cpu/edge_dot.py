@@ -11,12 +11,28 @@ from ..runtime.checks import heads_of
 CHUNK_ELEMENTS = 1 << 19
 
 
+# Below this many elements a gradient is summed by index_put_, which runs serially there and then
+# costs half of index_add_'s fixed cost (2 cores, 200 edges of 16 floats: 12 against 24 µs), with the
+# same bits (both add each row's terms in edge order); above it index_put_ goes parallel and slower.
+SERIAL_SUM_ELEMENTS = 1 << 15
+
+
 def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _as_3d(feat):
     return feat.unsqueeze(1) if feat.dim() == 2 else feat
+
+
+def _row_elements(feat):
+    return feat.shape[-1] if feat.dim() == 2 else feat.shape[1] * feat.shape[2]
+
+
+def _gather(feat, idx, acc):
+    """``feat[idx]`` in the accumulation dtype, a tensor of the caller's own."""
+    rows = feat.index_select(0, idx)
+    return rows if rows.dtype == acc else rows.to(acc)
 
 
 def _times(fresh, other):
@@ -31,30 +47,72 @@ def _edge_chunks(num_edges, heads, dim):
         yield start, min(start + step, num_edges)
 
 
+def one_chunk(num_edges, heads, dim):
+    """Whether a problem's gathered rows fit one chunk."""
+    return num_edges * heads * dim <= CHUNK_ELEMENTS
+
+
 def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
     """out[e, h] = <src_feat[src_idx[e], h], dst_feat[dst_idx[e], h]>, accumulated in float32 or wider."""
     acc = _acc_dtype(src_feat.dtype)
+    num_edges, dim = src_idx.shape[0], src_feat.shape[-1]
+    heads = max(heads_of(src_feat), heads_of(dst_feat))
+    if one_chunk(num_edges, heads, dim):  # no slices, no copy into out
+        if src_feat.shape[1:] != dst_feat.shape[1:]:  # one side has one head
+            src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
+        s, d = _gather(src_feat, src_idx, acc), _gather(dst_feat, dst_idx, acc)
+        wide, narrow = (s, d) if s.dim() == 2 or s.shape[1] >= d.shape[1] else (d, s)
+        out = wide.mul_(narrow).sum(-1)
+        return (out if out.dtype == src_feat.dtype else out.to(src_feat.dtype)).view(out_shape)
     src, dst = _as_3d(src_feat), _as_3d(dst_feat)
-    heads = max(src.shape[1], dst.shape[1])
-    out = torch.empty((src_idx.shape[0], heads), dtype=src_feat.dtype)
-    for start, stop in _edge_chunks(src_idx.shape[0], heads, src.shape[2]):
-        s = src.index_select(0, src_idx[start:stop]).to(acc)
-        d = dst.index_select(0, dst_idx[start:stop]).to(acc)
+    out = torch.empty((num_edges, heads), dtype=src_feat.dtype)
+    for start, stop in _edge_chunks(num_edges, heads, dim):
+        s = _gather(src, src_idx[start:stop], acc)
+        d = _gather(dst, dst_idx[start:stop], acc)
         wide, narrow = (s, d) if s.shape[1] >= d.shape[1] else (d, s)  # (one side may have one head)
         out[start:stop] = _times(wide, narrow).sum(-1).to(out.dtype)
     return out.reshape(out_shape)
 
 
+def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
+    """:func:`forward` of a float32 or float64 problem of one chunk as differentiable ATen ops, for
+    autograd to record: its backward then runs as C++ nodes, with no Python, as eager PyTorch's
+    does (a Python ``autograd.Function`` costs a small graph more than its arithmetic). Outputs
+    and gradients have :func:`forward`'s and :func:`grad_rows`'s bits: the same products and sums,
+    whose backward sums by ``index_put_`` (indexing's) or ``index_add_`` (``index_select``'s) as
+    :func:`grad_rows` does. The output has :func:`forward`'s shape."""
+    if src_feat.shape[1:] != dst_feat.shape[1:]:
+        src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
+    serial = src_idx.shape[0] * max(_row_elements(src_feat), _row_elements(dst_feat)) <= SERIAL_SUM_ELEMENTS
+    return (_recorded_gather(src_feat, src_idx, serial) * _recorded_gather(dst_feat, dst_idx, serial)).sum(-1)
+
+
+def _recorded_gather(feat, idx, serial):
+    # Indexing's rows keep a strided table's strides (and the sums' order would change with them):
+    # only a contiguous table is indexed.
+    return feat[idx] if serial and feat.is_contiguous() else feat.index_select(0, idx)
+
+
 def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
     """Gradient of the output with respect to ``row_feat`` (the side indexed by ``row_idx``)."""
     acc = _acc_dtype(row_feat.dtype)
+    if row_feat.shape[1:] == other_feat.shape[1:] and one_chunk(row_idx.shape[0], 1, _row_elements(row_feat)):
+        # One chunk, both sides alike: [E, D] or [E, H, D] as given.
+        grad = grad_out.unsqueeze(-1)
+        contrib = _gather(other_feat, other_idx, acc).mul_(grad if grad.dtype == acc else grad.to(acc))
+        result = torch.zeros(row_feat.shape, dtype=acc)
+        if contrib.numel() <= SERIAL_SUM_ELEMENTS:
+            result.index_put_((row_idx,), contrib, accumulate=True)
+        else:
+            result.index_add_(0, row_idx, contrib)
+        return result if acc == row_feat.dtype else result.to(row_feat.dtype)
     other = _as_3d(other_feat)
     row_heads = heads_of(row_feat)
     heads = max(row_heads, other.shape[1])
     grad = grad_out.reshape(-1, heads)
     result = torch.zeros((row_feat.shape[0], row_heads, row_feat.shape[-1]), dtype=acc)
     for start, stop in _edge_chunks(row_idx.shape[0], heads, other.shape[2]):
-        contrib = _times(other.index_select(0, other_idx[start:stop]).to(acc), grad[start:stop, :, None].to(acc))
+        contrib = _times(_gather(other, other_idx[start:stop], acc), grad[start:stop, :, None].to(acc))
         if row_heads == 1 and heads > 1:
             contrib = contrib.sum(1, keepdim=True)
         result.index_add_(0, row_idx[start:stop], contrib)

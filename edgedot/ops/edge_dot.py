@@ -16,11 +16,13 @@ import torch
 from ..cpu import edge_dot as cpu_edge_dot
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_graph, check_inputs, check_tensors, output_shape
+from ..runtime.eager import without_grad
 from ..runtime.plan import EdgePlan, check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
-__all__ = ["edge_dot", "edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "forward_cuda", "grad_cuda"]
+__all__ = ["edge_dot", "edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "EagerCPUEdgeDot", "forward_cuda",
+           "grad_cuda", "forward_cpu", "grad_cpu"]
 
 # ------------------------------------------------------------------------------ the public function
 
@@ -51,10 +53,12 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         Differentiable with respect to both feature tensors.
     """
     _check_options(plan, deterministic, check_indices)
-    eager_cuda = _eager_cuda(src_feat, dst_feat, src_idx, dst_idx)
-    if eager_cuda and plan is None and not (torch.is_grad_enabled()
-                                            and (src_feat.requires_grad or dst_feat.requires_grad)):
-        return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
+    eager_device = _eager_device(src_feat, dst_feat, src_idx, dst_idx)
+    if eager_device and plan is None and not (torch.is_grad_enabled()
+                                              and (src_feat.requires_grad or dst_feat.requires_grad)):
+        if eager_device == "cuda":
+            return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
+        return forward_cpu(src_feat, dst_feat, src_idx, dst_idx)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if plan is None:
@@ -64,8 +68,11 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
         src_plan, dst_plan = plan.src, plan.dst
     args = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
-    if eager_cuda:
+    if eager_device == "cuda":
         return EagerCUDAEdgeDot.apply(*args)
+    if eager_device == "cpu":
+        out = forward_cpu(src_feat, dst_feat, src_idx, dst_idx, recorded=True) if plan is None else None
+        return EagerCPUEdgeDot.apply(*args) if out is None else out
     # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
@@ -83,12 +90,20 @@ def _check_options(plan, deterministic, check_indices):
         raise TypeError(f"check_indices must be a bool, got {type(check_indices).__name__}")
 
 
-def _eager_cuda(src_feat, dst_feat, src_idx, dst_idx):
-    # Plain CUDA tensors outside tracing skip the dispatcher; fake, functorch-wrapped or other
-    # subclassed tensors, and torch.compile, go through the registered op.
-    return (type(src_feat) in _PLAIN and type(dst_feat) in _PLAIN and type(src_idx) in _PLAIN
-            and type(dst_idx) in _PLAIN and src_feat.is_cuda and not torch.compiler.is_compiling()
-            and not _is_wrapped(src_feat) and not _is_wrapped(dst_feat))
+def _eager_device(src_feat, dst_feat, src_idx, dst_idx):
+    """``"cuda"`` or ``"cpu"`` where the call skips the dispatcher, else None. Plain tensors
+    outside tracing skip it (small graphs are bound by its host time); fake, functorch-wrapped or
+    other subclassed tensors, torch.compile, and on the CPU torch.jit.trace, go through the
+    registered op. The eager path checks devices as the op does."""
+    if not (type(src_feat) in _PLAIN and type(dst_feat) in _PLAIN and type(src_idx) in _PLAIN
+            and type(dst_idx) in _PLAIN) or torch.compiler.is_compiling() or _is_wrapped(src_feat) \
+            or _is_wrapped(dst_feat):
+        return None
+    if src_feat.is_cuda:
+        return "cuda"
+    if src_feat.device.type == "cpu" and not torch.jit.is_tracing():
+        return "cpu"
+    return None
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -115,13 +130,32 @@ edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 
 
-@torch.library.impl(_lib, "edge_dot", "CPU")
-def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+def forward_cpu(src_feat, dst_feat, src_idx, dst_idx, recorded=False):
+    """The CPU forward behind both the custom op and the eager paths, arguments and graph checked:
+    out-of-range indices are always refused on the CPU (``check_indices`` only spares CUDA a
+    wait). With ``recorded``, a float32 or float64 problem of one chunk runs as ATen ops that
+    autograd records (:func:`edgedot.cpu.edge_dot.recorded_forward`); None where it does not
+    qualify."""
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
-    # Out-of-range indices are always refused on the CPU (check_indices only spares CUDA a wait).
     check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+    if recorded:
+        if src_feat.dtype in (torch.float32, torch.float64) and cpu_edge_dot.one_chunk(
+                src_idx.shape[0], shape[-1] if len(shape) == 2 else 1, src_feat.shape[-1]):
+            return cpu_edge_dot.recorded_forward(src_feat, dst_feat, src_idx, dst_idx)
+        return None
     return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+
+
+def grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
+    """The CPU gradient of one side behind both the custom op and the eager path. index_add_ on
+    the CPU adds in edge order, so it is deterministic without a plan (which it does not need)."""
+    return cpu_edge_dot.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
+
+
+@torch.library.impl(_lib, "edge_dot", "CPU")
+def _edge_dot_cpu(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+    return forward_cpu(src_feat, dst_feat, src_idx, dst_idx)
 
 
 # Outcome codes of the extension's forward (edgedot/csrc/edge_dot/edge_dot_ops.cpp).
@@ -169,9 +203,8 @@ def _check_reduction(reduction):
 
 @torch.library.impl(_lib, "edge_dot_grad", "CPU")
 def _edge_dot_grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
-    # index_add_ on the CPU adds in edge order, so the CPU gradient is deterministic without a plan.
     _check_reduction(reduction)
-    return cpu_edge_dot.grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx)
+    return grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction)
 
 
 torch.library.impl(_lib, "edge_dot_grad", "CUDA")(grad_cuda)
@@ -280,3 +313,20 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         return _backward_with(grad_cuda, ctx, grad_out)
+
+
+class EagerCPUEdgeDot(torch.autograd.Function):
+    """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (half types,
+    problems of more than one chunk), :class:`EagerCUDAEdgeDot`'s twin: the op's CPU forward and
+    gradients without the dispatcher's and ``register_autograd``'s round trips."""
+
+    @staticmethod
+    def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
+        out = forward_cpu(src_feat, dst_feat, src_idx, dst_idx)
+        inputs = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
+        _setup_context(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return without_grad(_backward_with, grad_cpu, ctx, grad_out)
