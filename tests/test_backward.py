@@ -357,9 +357,9 @@ def _op_grads(src, dst, src_idx, dst_idx, grad_out):
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, monkeypatch):
-    """On the CPU, edge_dot's eager paths (float32 and float64 problems of one chunk as ATen ops
-    autograd records, the rest through an autograd.Function) give the registered op's outputs and
-    gradients, bit for bit, on contiguous and non-contiguous features."""
+    """On the CPU, edge_dot's eager paths (problems of one chunk as ATen ops autograd records, the
+    rest through an autograd.Function) give the registered op's outputs and gradients, bit for
+    bit, on contiguous and non-contiguous features."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
     if chunked:
@@ -372,7 +372,7 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
         want = _op_grads(s, d, src_idx, dst_idx, grad_out)
         se, de = s.detach().clone().requires_grad_(True), d.detach().clone().requires_grad_(True)
         out = edgedot.edge_dot(se, de, src_idx, dst_idx)
-        recorded = dtype in (torch.float32, torch.float64) and (not chunked or case == "no_edges")
+        recorded = not chunked or case == "no_edges"
         assert (type(out.grad_fn).__name__ == "EagerCPUEdgeDotBackward") != recorded, type(out.grad_fn)
         got = (out, *torch.autograd.grad(out, (se, de), grad_out))
         for name, a, b in zip(("out", "grad src_feat", "grad dst_feat"), got, want):
@@ -392,3 +392,23 @@ def test_cpu_eager_path_refuses_bad_indices():
         (src_idx if name == "src_idx" else dst_idx)[1] = bad
         with pytest.raises(IndexError, match=name):
             edgedot.edge_dot(src, dst, src_idx, dst_idx)
+
+
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_cpu_eager_path_of_large_half_tables(dtype, monkeypatch):
+    """A half-type problem of one chunk whose tables exceed a chunk (they would be widened whole)
+    takes the autograd.Function; float32 and float64 stay recorded. Both keep the op's bits."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 1024)
+    g = gen(14)
+    src, dst = rand_feat((100, 16), dtype, "cpu", g), rand_feat((90, 16), dtype, "cpu", g)
+    src_idx, dst_idx = rand_index(100, 20, torch.int64, "cpu", g), rand_index(90, 20, torch.int32, "cpu", g)
+    grad_out = rand_feat((20,), dtype, "cpu", g)
+    want = _op_grads(src, dst, src_idx, dst_idx, grad_out)
+    se, de = src.detach().clone().requires_grad_(True), dst.detach().clone().requires_grad_(True)
+    out = edgedot.edge_dot(se, de, src_idx, dst_idx)
+    half = dtype in (torch.float16, torch.bfloat16)
+    assert (type(out.grad_fn).__name__ == "EagerCPUEdgeDotBackward") == half, type(out.grad_fn)
+    got = (out, *torch.autograd.grad(out, (se, de), grad_out))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

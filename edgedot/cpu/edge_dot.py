@@ -74,17 +74,30 @@ def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
     return out.reshape(out_shape)
 
 
+def recordable(src_feat, dst_feat, num_edges, heads):
+    """Whether :func:`recorded_forward` serves a problem: its gathered rows fit one chunk, and for
+    half types its tables too (they are widened whole)."""
+    if not one_chunk(num_edges, heads, src_feat.shape[-1]):
+        return False
+    return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
+
+
 def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
-    """:func:`forward` of a float32 or float64 problem of one chunk as differentiable ATen ops, for
-    autograd to record: its backward then runs as C++ nodes, with no Python, as eager PyTorch's
-    does (a Python ``autograd.Function`` costs a small graph more than its arithmetic). Outputs
-    and gradients have :func:`forward`'s and :func:`grad_rows`'s bits: the same products and sums,
-    whose backward sums by ``index_put_`` (indexing's) or ``index_add_`` (``index_select``'s) as
-    :func:`grad_rows` does. The output has :func:`forward`'s shape."""
+    """:func:`forward` of a :func:`recordable` problem as differentiable ATen ops, for autograd to
+    record: its backward then runs as C++ nodes, with no Python, as eager PyTorch's does (a Python
+    ``autograd.Function`` costs a small graph more than its arithmetic). Outputs and gradients
+    have :func:`forward`'s and :func:`grad_rows`'s bits: the same products and sums, in the same
+    dtype (half types' tables widened to float32 first, so that their gradients too are summed in
+    float32 and rounded once), whose backward sums by ``index_put_`` (indexing's) or ``index_add_``
+    (``index_select``'s) as :func:`grad_rows` does. The output has :func:`forward`'s shape."""
+    dtype, acc = src_feat.dtype, _acc_dtype(src_feat.dtype)
+    if dtype != acc:
+        src_feat, dst_feat = src_feat.to(acc), dst_feat.to(acc)
     if src_feat.shape[1:] != dst_feat.shape[1:]:
         src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
     serial = src_idx.shape[0] * max(_row_elements(src_feat), _row_elements(dst_feat)) <= SERIAL_SUM_ELEMENTS
-    return (_recorded_gather(src_feat, src_idx, serial) * _recorded_gather(dst_feat, dst_idx, serial)).sum(-1)
+    out = (_recorded_gather(src_feat, src_idx, serial) * _recorded_gather(dst_feat, dst_idx, serial)).sum(-1)
+    return out if dtype == acc else out.to(dtype)
 
 
 def _recorded_gather(feat, idx, serial):

@@ -133,15 +133,13 @@ edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 def forward_cpu(src_feat, dst_feat, src_idx, dst_idx, recorded=False):
     """The CPU forward behind both the custom op and the eager paths, arguments and graph checked:
     out-of-range indices are always refused on the CPU (``check_indices`` only spares CUDA a
-    wait). With ``recorded``, a float32 or float64 problem of one chunk runs as ATen ops that
-    autograd records (:func:`edgedot.cpu.edge_dot.recorded_forward`); None where it does not
-    qualify."""
+    wait). With ``recorded``, a small problem runs as ATen ops that autograd records
+    (:func:`edgedot.cpu.edge_dot.recorded_forward`); None where it does not qualify."""
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
     shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
     if recorded:
-        if src_feat.dtype in (torch.float32, torch.float64) and cpu_edge_dot.one_chunk(
-                src_idx.shape[0], shape[-1] if len(shape) == 2 else 1, src_feat.shape[-1]):
+        if cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0], shape[-1] if len(shape) == 2 else 1):
             return cpu_edge_dot.recorded_forward(src_feat, dst_feat, src_idx, dst_idx)
         return None
     return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
@@ -316,8 +314,8 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
 
 
 class EagerCPUEdgeDot(torch.autograd.Function):
-    """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (half types,
-    problems of more than one chunk), :class:`EagerCUDAEdgeDot`'s twin: the op's CPU forward and
+    """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (problems of
+    more than one chunk), :class:`EagerCUDAEdgeDot`'s twin: the op's CPU forward and
     gradients without the dispatcher's and ``register_autograd``'s round trips."""
 
     @staticmethod
