@@ -315,8 +315,9 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
 
 class EagerCPUEdgeDot(torch.autograd.Function):
     """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (problems of
-    more than one chunk), :class:`EagerCUDAEdgeDot`'s twin: the op's CPU forward and
-    gradients without the dispatcher's and ``register_autograd``'s round trips."""
+    more than one chunk; half-type tables of more than a chunk), :class:`EagerCUDAEdgeDot`'s twin:
+    the op's CPU forward and gradients without the dispatcher's and ``register_autograd``'s round
+    trips."""
 
     @staticmethod
     def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
