@@ -412,3 +412,22 @@ def test_cpu_eager_path_of_large_half_tables(dtype, monkeypatch):
     assert (type(out.grad_fn).__name__ == "EagerCPUEdgeDotBackward") == half, type(out.grad_fn)
     got = (out, *torch.autograd.grad(out, (se, de), grad_out))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "chunked"])
+def test_cpu_index_refilled_before_backward_is_refused(chunked, monkeypatch):
+    """An index tensor written in place between the forward and the backward (a loader refilling
+    its buffer) makes the backward raise, as eager PyTorch's does, on both CPU paths."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    if chunked:
+        monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 16)
+    g = gen(15)
+    src = rand_feat((10, 4), torch.float32, "cpu", g, requires_grad=True)
+    dst = rand_feat((9, 4), torch.float32, "cpu", g, requires_grad=True)
+    for name in ("src_idx", "dst_idx"):
+        src_idx, dst_idx = rand_index(10, 30, torch.int64, "cpu", g), rand_index(9, 30, torch.int64, "cpu", g)
+        out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
+        (src_idx if name == "src_idx" else dst_idx).copy_(torch.zeros(30, dtype=torch.int64))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
