@@ -3,6 +3,7 @@
 import torch
 
 from ..runtime.checks import heads_of
+from .attention import _gather, acc_dtype, in_dtype
 
 # Elements of one gathered chunk ([chunk, H, D]); bounds the extra memory to a few MB. 2 MB of
 # float32 a chunk ran faster than 4 MB on 2 cores: forward + grad of 16,384 edges of 128 floats
@@ -17,22 +18,12 @@ CHUNK_ELEMENTS = 1 << 19
 SERIAL_SUM_ELEMENTS = 1 << 15
 
 
-def _acc_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _as_3d(feat):
     return feat.unsqueeze(1) if feat.dim() == 2 else feat
 
 
 def _row_elements(feat):
     return feat.shape[-1] if feat.dim() == 2 else feat.shape[1] * feat.shape[2]
-
-
-def _gather(feat, idx, acc):
-    """``feat[idx]`` in the accumulation dtype, a tensor of the caller's own."""
-    rows = feat.index_select(0, idx)
-    return rows if rows.dtype == acc else rows.to(acc)
 
 
 def _times(fresh, other):
@@ -54,7 +45,7 @@ def one_chunk(num_edges, heads, dim):
 
 def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
     """out[e, h] = <src_feat[src_idx[e], h], dst_feat[dst_idx[e], h]>, accumulated in float32 or wider."""
-    acc = _acc_dtype(src_feat.dtype)
+    acc = acc_dtype(src_feat.dtype)
     num_edges, dim = src_idx.shape[0], src_feat.shape[-1]
     heads = max(heads_of(src_feat), heads_of(dst_feat))
     if one_chunk(num_edges, heads, dim):  # no slices, no copy into out
@@ -63,7 +54,7 @@ def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
         s, d = _gather(src_feat, src_idx, acc), _gather(dst_feat, dst_idx, acc)
         wide, narrow = (s, d) if s.dim() == 2 or s.shape[1] >= d.shape[1] else (d, s)
         out = wide.mul_(narrow).sum(-1)
-        return (out if out.dtype == src_feat.dtype else out.to(src_feat.dtype)).view(out_shape)
+        return in_dtype(out, src_feat.dtype).view(out_shape)
     src, dst = _as_3d(src_feat), _as_3d(dst_feat)
     out = torch.empty((num_edges, heads), dtype=src_feat.dtype)
     for start, stop in _edge_chunks(num_edges, heads, dim):
@@ -90,14 +81,14 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
     dtype (half types' tables widened to float32 first, so that their gradients too are summed in
     float32 and rounded once), whose backward sums by ``index_put_`` (indexing's) or ``index_add_``
     (``index_select``'s) as :func:`grad_rows` does. The output has :func:`forward`'s shape."""
-    dtype, acc = src_feat.dtype, _acc_dtype(src_feat.dtype)
+    dtype, acc = src_feat.dtype, acc_dtype(src_feat.dtype)
     if dtype != acc:
         src_feat, dst_feat = src_feat.to(acc), dst_feat.to(acc)
     if src_feat.shape[1:] != dst_feat.shape[1:]:
         src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
     serial = src_idx.shape[0] * max(_row_elements(src_feat), _row_elements(dst_feat)) <= SERIAL_SUM_ELEMENTS
     out = (_recorded_gather(src_feat, src_idx, serial) * _recorded_gather(dst_feat, dst_idx, serial)).sum(-1)
-    return out if dtype == acc else out.to(dtype)
+    return in_dtype(out, dtype)
 
 
 def _recorded_gather(feat, idx, serial):
@@ -108,24 +99,24 @@ def _recorded_gather(feat, idx, serial):
 
 def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
     """Gradient of the output with respect to ``row_feat`` (the side indexed by ``row_idx``)."""
-    acc = _acc_dtype(row_feat.dtype)
+    acc = acc_dtype(row_feat.dtype)
     if row_feat.shape[1:] == other_feat.shape[1:] and one_chunk(row_idx.shape[0], 1, _row_elements(row_feat)):
         # One chunk, both sides alike: [E, D] or [E, H, D] as given.
         grad = grad_out.unsqueeze(-1)
-        contrib = _gather(other_feat, other_idx, acc).mul_(grad if grad.dtype == acc else grad.to(acc))
+        contrib = _gather(other_feat, other_idx, acc).mul_(in_dtype(grad, acc))
         result = torch.zeros(row_feat.shape, dtype=acc)
         if contrib.numel() <= SERIAL_SUM_ELEMENTS:
             result.index_put_((row_idx,), contrib, accumulate=True)
         else:
             result.index_add_(0, row_idx, contrib)
-        return result if acc == row_feat.dtype else result.to(row_feat.dtype)
+        return in_dtype(result, row_feat.dtype)
     other = _as_3d(other_feat)
     row_heads = heads_of(row_feat)
     heads = max(row_heads, other.shape[1])
     grad = grad_out.reshape(-1, heads)
     result = torch.zeros((row_feat.shape[0], row_heads, row_feat.shape[-1]), dtype=acc)
     for start, stop in _edge_chunks(row_idx.shape[0], heads, other.shape[2]):
-        contrib = _times(_gather(other, other_idx[start:stop], acc), grad[start:stop, :, None].to(acc))
+        contrib = _times(_gather(other, other_idx[start:stop], acc), in_dtype(grad[start:stop, :, None], acc))
         if row_heads == 1 and heads > 1:
             contrib = contrib.sum(1, keepdim=True)
         result.index_add_(0, row_idx[start:stop], contrib)

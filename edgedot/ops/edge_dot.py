@@ -22,7 +22,7 @@ from ..runtime.plan import EdgePlan, check_plan_layout
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 __all__ = ["edge_dot", "edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "EagerCPUEdgeDot", "forward_cuda",
-           "grad_cuda", "forward_cpu", "grad_cpu"]
+           "grad_cuda", "check_cpu", "forward_cpu", "grad_cpu"]
 
 # ------------------------------------------------------------------------------ the public function
 
@@ -71,8 +71,11 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     if eager_device == "cuda":
         return EagerCUDAEdgeDot.apply(*args)
     if eager_device == "cpu":
-        out = forward_cpu(src_feat, dst_feat, src_idx, dst_idx, recorded=True) if plan is None else None
-        return EagerCPUEdgeDot.apply(*args) if out is None else out
+        shape = check_cpu(src_feat, dst_feat, src_idx, dst_idx)
+        if plan is None and cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0],
+                                                    shape[-1] if len(shape) == 2 else 1):
+            return cpu_edge_dot.recorded_forward(src_feat, dst_feat, src_idx, dst_idx)
+        return EagerCPUEdgeDot.apply(*args, shape)
     # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
@@ -130,18 +133,17 @@ edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 
 
-def forward_cpu(src_feat, dst_feat, src_idx, dst_idx, recorded=False):
-    """The CPU forward behind both the custom op and the eager paths, arguments and graph checked:
-    out-of-range indices are always refused on the CPU (``check_indices`` only spares CUDA a
-    wait). With ``recorded``, a small problem runs as ATen ops that autograd records
-    (:func:`edgedot.cpu.edge_dot.recorded_forward`); None where it does not qualify."""
+def check_cpu(src_feat, dst_feat, src_idx, dst_idx):
+    """The CPU call's checks, arguments and graph: out-of-range indices are always refused on the
+    CPU (``check_indices`` only spares CUDA a wait). Returns the output's shape."""
     check_inputs(src_feat, dst_feat, src_idx, dst_idx)
     check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
-    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
-    if recorded:
-        if cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0], shape[-1] if len(shape) == 2 else 1):
-            return cpu_edge_dot.recorded_forward(src_feat, dst_feat, src_idx, dst_idx)
-        return None
+    return output_shape(src_feat, dst_feat, src_idx.shape[0])
+
+
+def forward_cpu(src_feat, dst_feat, src_idx, dst_idx):
+    """The CPU forward behind both the custom op and the eager paths, after :func:`check_cpu`."""
+    shape = check_cpu(src_feat, dst_feat, src_idx, dst_idx)
     return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
 
 
@@ -315,17 +317,20 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
 
 class EagerCPUEdgeDot(torch.autograd.Function):
     """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (problems of
-    more than one chunk; half-type tables of more than a chunk), :class:`EagerCUDAEdgeDot`'s twin:
-    the op's CPU forward and gradients without the dispatcher's and ``register_autograd``'s round
-    trips."""
+    more than one chunk; half-type tables of more than a chunk; a plan), :class:`EagerCUDAEdgeDot`'s
+    twin: the op's CPU forward and gradients without the dispatcher's and ``register_autograd``'s
+    round trips. Its caller has checked the arguments (:func:`check_cpu`) and passes the output's
+    shape."""
 
     @staticmethod
-    def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices):
-        out = forward_cpu(src_feat, dst_feat, src_idx, dst_idx)
+    def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices,
+                out_shape):
+        # Checked by the caller (check_cpu, which gave out_shape).
+        out = cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, out_shape)
         inputs = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
         _setup_context(ctx, inputs, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        return without_grad(_backward_with, grad_cpu, ctx, grad_out)
+        return *without_grad(_backward_with, grad_cpu, ctx, grad_out), None
