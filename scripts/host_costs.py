@@ -89,8 +89,8 @@ def main():
         "check_graph, new indices": lambda: checks.check_graph(src.clone(), num_nodes, dst.clone(), num_nodes),
         "check_graph, the same indices (remembered)": lambda: checks.check_graph(src, num_nodes, dst, num_nodes),
         "ext.group_edges_both": lambda: ext.group_edges_both(dst, src, num_nodes, num_nodes),
-        "edge_groupings, new indices": lambda: attention_ops.edge_groupings(None, None, kg, qg, src.clone(),
-                                                                            dst.clone(), True, (kg, vg)),
+        "edge_groupings with the graph's check, new indices": lambda: attention_ops.edge_groupings(
+            None, None, kg, qg, src.clone(), dst.clone(), True, (kg, vg)),
         "ext.group_edges": lambda: ext.group_edges(dst, src, num_nodes, num_nodes),
         "ext.attention_forward, 64 edges (no schedule)": lambda: ext.attention_forward(
             q, k, v, None, small_src, small_dst, small_group, small_offsets, scale, 0.0, None, False),

@@ -127,6 +127,60 @@ def test_a_mini_batch_groups_in_one_launch():
     assert any("group_edges_kernel" in name for name in names), names
 
 
+def _checked_groupings(row_idx, other_idx, num_rows, num_other, both):
+    """group_edges_checked's (groupings, parts checked, flags), its memos cleared again."""
+    ext = cuda_module()
+    host_flags = torch.full((5,), 7, dtype=torch.int32, pin_memory=True)  # poisoned: the call zeroes them
+    groups, launched = ext.group_edges_checked(row_idx, other_idx, num_rows, num_other, both, host_flags)
+    torch.cuda.synchronize()
+    ext.graph_check_forget(other_idx, row_idx, None, launched)
+    return groups, launched, host_flags.clone()
+
+
+@requires_cuda
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
+@pytest.mark.parametrize("pattern", ["random", "bad_rows", "bad_others"])
+@pytest.mark.parametrize("num_keys", [0, 1000, COOPERATIVE_MAX_KEYS + 2])
+@pytest.mark.parametrize("dtype", INDEX_DTYPES, ids=dtype_id)
+def test_checked_grouping_flags_what_the_check_flags(dtype, num_keys, pattern, both):
+    """group_edges_checked: the groupings of group_edges / group_edges_both bit for bit, and, in the
+    one-launch sort and past it (CUB's), the range flags graph_flags gives (row_idx as dst_idx)."""
+    ext = cuda_module()
+    num_rows = 700
+    num_edges = num_keys // 2 if both else num_keys
+    rows, others = _indices(pattern, num_edges, num_rows, dtype, gen(num_keys + 3 * both))
+    groups, launched, flags = _checked_groupings(rows, others, num_rows, NUM_OTHER, both)
+    want = (ext.group_edges_both if both else ext.group_edges)(rows, others, num_rows, NUM_OTHER)
+    assert len(groups) == len(want) and all(torch.equal(a, b) for a, b in zip(groups, want))
+    assert launched == 3  # src_idx's range and dst_idx's
+    want_flags = ext.graph_flags(others, NUM_OTHER, rows, num_rows, None, True, True).cpu()
+    assert torch.equal(flags, want_flags), (flags, want_flags)
+    assert bool(flags.any()) == (pattern != "random" and num_edges > 0)
+
+
+@requires_cuda
+def test_checked_grouping_checks_only_what_no_memo_covers():
+    """A graph whose ranges are remembered is grouped without a check (its flags untouched); one
+    remembered side leaves the other's check to the kernel."""
+    ext = cuda_module()
+    rows, others = _indices("random", 5000, 300, torch.int32, gen(13))
+    host_flags = torch.full((5,), 7, dtype=torch.int32, pin_memory=True)
+    _, launched = ext.group_edges_checked(rows, others, 300, NUM_OTHER, True, host_flags)
+    assert launched == 3
+    torch.cuda.synchronize()
+    assert not host_flags.any()
+    host_flags.fill_(7)
+    _, launched = ext.group_edges_checked(rows, others, 300, NUM_OTHER, True, host_flags)
+    assert launched == 0 and (host_flags == 7).all()
+    fresh_others = others.clone()
+    fresh_others[17] = NUM_OTHER
+    _, launched = ext.group_edges_checked(rows, fresh_others, 300, NUM_OTHER, False, host_flags)
+    torch.cuda.synchronize()
+    assert launched == 1 and host_flags.tolist() == [1, 0, 0, 0, 0]  # src_idx out of range
+    ext.graph_check_forget(fresh_others, rows, None, launched)
+    ext.graph_check_forget(others, rows, None, 3)
+
+
 @requires_cuda
 def test_mixed_dtypes_and_strided_indices():
     g = gen(1)
@@ -194,14 +248,20 @@ def test_build_grouping_both_sides(dtype, max_edges, monkeypatch):
 
 
 def _groupings_built(monkeypatch):
-    """The ``both`` argument of every build_grouping call of edge_groupings, recorded."""
+    """The ``both`` argument of every grouping edge_groupings builds (with the graph's check in its
+    kernel or without), recorded."""
     calls = []
-    build = attention_ops.build_grouping
+    build, checked = attention_ops.build_grouping, attention_ops._checked_grouping
 
     def recording(*args, both=False):
         calls.append(both)
         return build(*args, both=both)
+
+    def recording_checked(dst_idx, src_idx, num_dst, num_src, both):
+        calls.append(both)
+        return checked(dst_idx, src_idx, num_dst, num_src, both)
     monkeypatch.setattr(attention_ops, "build_grouping", recording)
+    monkeypatch.setattr(attention_ops, "_checked_grouping", recording_checked)
     return calls
 
 

@@ -8,7 +8,7 @@ import torch
 
 import edgedot
 from edgedot.runtime import checks
-from utils import count_graph_checks, gen, rand_feat, raises_checked, rel_error, requires_cuda
+from utils import count_graph_checks, gen, launched_kernels, rand_feat, raises_checked, rel_error, requires_cuda
 
 pyg_nn = pytest.importorskip("torch_geometric.nn")
 
@@ -89,6 +89,23 @@ def test_bad_index_raises_at_the_next_call_or_the_check(op):
     with pytest.raises(IndexError, match="src_idx"):
         edgedot.wait_for_checks()
     edgedot.wait_for_checks()  # nothing pending now
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", ["graph_attention", "gat_attention", "gatv2_attention"])
+def test_fresh_graph_is_checked_by_the_grouping_kernel(op, monkeypatch):
+    """A default call on a new graph launches no check kernel of its own: the grouping's kernel
+    checks both ranges; the same graph again is grouped without a check."""
+    g = gen(7)
+    call = _ops("cuda", g)[op]
+    checked = count_graph_checks(monkeypatch)
+    ei = _batch(g, "cuda")
+    names = launched_kernels(lambda: call(ei[0], ei[1]))
+    assert not any("check_graph_kernel" in name for name in names), names
+    assert checked == [(True, True, False)]
+    call(ei[0], ei[1])
+    assert len(checked) == 1
+    edgedot.wait_for_checks()
 
 
 @requires_cuda

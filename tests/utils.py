@@ -347,23 +347,33 @@ def launched_kernels(fn):
 def count_graph_checks(monkeypatch):
     """A list that gets one ``(check_src, check_dst, check_ptr)`` entry per pass of
     :func:`edgedot.runtime.checks.check_graph` over a graph's tensors: on the CPU every call's
-    (both ranges, and the pointer where given); on CUDA each launch of the device's check, with
-    the parts no memo covered (a call whose graph is remembered adds none)."""
+    (both ranges, and the pointer where given); on CUDA each launch of the device's check, its own
+    or run by a grouping kernel (:func:`edgedot.runtime.checks.grouping_with_check`), with the
+    parts no memo covered (a call whose graph is remembered adds none)."""
     from edgedot.runtime import checks
     calls = []
-    cpu_flags, launch = checks.graph_flags, checks.launch_graph_check
+    cpu_flags, launch, grouping = checks.graph_flags, checks.launch_graph_check, checks.launch_grouping_check
 
     def counted_cpu(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.append((check_src, check_dst, dst_ptr is not None))
         return cpu_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst)
 
-    def counted_launch(*args):
-        launched = launch(*args)
+    def count(launched):
         if launched:
             calls.append(tuple(bool(launched & part)
                                for part in (checks.CHECKED_SRC, checks.CHECKED_DST, checks.CHECKED_PTR)))
+
+    def counted_launch(*args):
+        launched = launch(*args)
+        count(launched)
         return launched
+
+    def counted_grouping(*args):
+        groups, launched = grouping(*args)
+        count(launched)
+        return groups, launched
 
     monkeypatch.setattr(checks, "graph_flags", counted_cpu)
     monkeypatch.setattr(checks, "launch_graph_check", counted_launch)
+    monkeypatch.setattr(checks, "launch_grouping_check", counted_grouping)
     return calls

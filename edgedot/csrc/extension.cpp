@@ -20,6 +20,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("graph_check_launch", &edgedot::graph_check_launch,
         "the deferred check of the parts of a graph not remembered, its flags written into pinned host_flags: "
         "the parts launched as bits 1 (src_idx), 2 (dst_idx), 4 (dst_ptr) (CUDA)");
+  m.def("group_edges_checked", &edgedot::group_edges_checked,
+        "group_edges(dst_idx, src_idx, ...) (group_edges_both with both) whose kernel also runs graph_check_launch's "
+        "range checks into pinned host_flags: (groupings, parts checked as graph_check_launch's bits) (CUDA)");
   m.def("graph_check_forget", &edgedot::graph_check_forget,
         "forgets the parts of a graph graph_check_launch remembered, for a bad verdict (CUDA)");
   m.def("column_sum", &edgedot::column_sum,

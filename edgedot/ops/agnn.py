@@ -80,7 +80,7 @@ def agnn_attention(x, beta, src_idx, dst_idx, *, plan=None, dst_ptr=None, check_
     x = x.unsqueeze(1) if flat else x
     check_agnn_inputs(x, x, beta, src_idx, dst_idx)
     check_options(x.device, 0.0, None, plan, check_indices, return_attention)
-    groups = edge_groupings(plan, dst_ptr, x, x, src_idx, dst_idx, check_indices, (x, beta))
+    groups, check_indices = edge_groupings(plan, dst_ptr, x, x, src_idx, dst_idx, check_indices, (x, beta))
     out, _, alpha = eager.call(agnn_attention_op, _AgnnAttentionFunction, F.normalize(x, p=2.0, dim=-1), x, beta,
                                src_idx, dst_idx, *groups, return_attention, check_indices)
     if flat:

@@ -34,7 +34,7 @@ import torch
 from ..cpu import attention as cpu_attention
 from ..runtime import dropout, eager
 from ..runtime.build import cuda_module
-from ..runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair
+from ..runtime.checks import FEATURE_DTYPES, check_graph, check_indices_pair, grouping_with_check
 from ..runtime.checks import deferred as deferred_checks
 from ..runtime.grouped import check_dst_ptr, index_to_ptr
 from ..runtime.plan import MAX_ROWS, EdgePlan, build_side, group_offsets
@@ -130,7 +130,7 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     scale = _check_scale(q, scale)
     check_options(q.device, dropout_p, generator, plan, check_indices, return_attention, deterministic)
-    groups = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices, (k, v))
+    groups, check_indices = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices, (k, v))
     out, _, alpha = eager.call(graph_attention_op, _GraphAttentionFunction, q, k, v, edge_feat, src_idx, dst_idx,
                                *groups, float(scale), float(dropout_p), generator, return_attention,
                                check_indices)[:3]
@@ -165,32 +165,39 @@ def check_options(device, dropout_p, generator, plan, check_indices, return_atte
 
 
 def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_indices, source_inputs=()):
-    """``(dst_group, dst_offsets, src_group, src_offsets)`` for an attention op, from ``plan`` or
-    ``dst_ptr`` (checked here against the graph) or built on CUDA; ``src_feat`` / ``dst_feat``
-    have one row per source / destination node. ``source_inputs``: the tensors whose gradients
-    the backward computes by walking the edges by source; where one will get a gradient, the
-    grouping by source is built too, from the same sort."""
+    """``((dst_group, dst_offsets, src_group, src_offsets), check_indices)`` for an attention op:
+    the groupings from ``plan`` or ``dst_ptr`` (checked here against the graph) or built on CUDA,
+    and whether the op must still check the graph's indices (False where the grouping's kernel
+    ran the check: see :func:`edgedot.runtime.checks.grouping_with_check`). ``src_feat`` /
+    ``dst_feat`` have one row per source / destination node. ``source_inputs``: the tensors whose
+    gradients the backward computes by walking the edges by source; where one will get a gradient,
+    the grouping by source is built too, from the same sort."""
     # An earlier call's graph the device found bad; a checked CUDA call settles them in its check.
     if not (check_indices and dst_feat.is_cuda) and not torch.compiler.is_compiling():
         deferred_checks.raise_found()
     if plan is not None:
         plan.check_matches(src_feat, dst_feat, src_idx, dst_idx)
-    num_dst, is_cuda = dst_feat.shape[0], dst_feat.is_cuda
+    num_dst, num_src, is_cuda = dst_feat.shape[0], src_feat.shape[0], dst_feat.is_cuda
     if dst_ptr is not None:
         if plan is not None:
             raise ValueError("pass either plan or dst_ptr, not both")
         dst_ptr = check_dst_ptr(dst_ptr, dst_idx, num_dst)
     if plan is not None and is_cuda:
-        return plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src")
+        return (plan.dst, plan.offsets("dst"), plan.src, plan.offsets("src")), check_indices
     if dst_ptr is not None:
-        return None, dst_ptr, None, None  # the edges as they are: no grouping to build
+        return (None, dst_ptr, None, None), check_indices  # the edges as they are: no grouping to build
     if is_cuda:
         # Built here, so that the backward reuses them; without a gradient by source, the backward
         # builds none.
         by_src = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in source_inputs)
-        groups = build_grouping(dst_idx, src_idx, num_dst, src_feat.shape[0], both=by_src)
-        return groups if by_src else groups + (None, None)
-    return None, None, None, None
+        if check_indices and _extension_groups(dst_idx, src_idx) and not torch.cuda.is_current_stream_capturing():
+            # The grouping's kernel reads every index anyway: it runs the graph's check too.
+            groups = _checked_grouping(dst_idx, src_idx, num_dst, num_src, by_src)
+            check_indices = False
+        else:
+            groups = build_grouping(dst_idx, src_idx, num_dst, num_src, both=by_src)
+        return (groups if by_src else groups + (None, None)), check_indices
+    return (None, None, None, None), check_indices
 
 
 def next_dropout_state(device="cpu", generator=None):
@@ -324,6 +331,23 @@ def _check_graph(q, k, src_idx, dst_idx, dst_group, dst_offsets):
 BOTH_SIDES_MAX_EDGES = 1 << 23
 
 
+def _extension_groups(row_idx, other_idx):
+    """Whether :func:`build_grouping` takes the extension's kernels: plain CUDA tensors outside
+    tracing."""
+    return (not torch.compiler.is_compiling() and type(row_idx) is torch.Tensor and type(other_idx) is torch.Tensor
+            and row_idx.is_cuda and not _is_wrapped(row_idx) and not _is_wrapped(other_idx))
+
+
+def _checked_grouping(dst_idx, src_idx, num_dst, num_src, both):
+    """:func:`build_grouping` ``(dst_idx, src_idx, num_dst, num_src, both)`` by the extension, whose
+    grouping kernel also runs the graph's deferred range check
+    (:func:`edgedot.runtime.checks.grouping_with_check`)."""
+    if not both or dst_idx.shape[0] <= BOTH_SIDES_MAX_EDGES:
+        return grouping_with_check(dst_idx, src_idx, num_dst, num_src, both)
+    return grouping_with_check(dst_idx, src_idx, num_dst, num_src, False) + \
+        cuda_module().group_edges(src_idx, dst_idx, num_src, num_dst)
+
+
 def build_grouping(row_idx, other_idx, num_rows, num_other, both=False):
     """``(build_side(row_idx, other_idx, num_rows, num_other), its group_offsets)``, and with
     ``both`` the same by ``other_idx`` after them (four tensors). Plain CUDA tensors outside tracing
@@ -331,8 +355,7 @@ def build_grouping(row_idx, other_idx, num_rows, num_other, both=False):
     ``BOTH_SIDES_MAX_EDGES`` edges), which give the same tensors bit for bit; fake,
     functorch-wrapped or subclassed tensors and ``torch.compile`` keep the tensor operations, which
     they can trace."""
-    if (not torch.compiler.is_compiling() and type(row_idx) is torch.Tensor and type(other_idx) is torch.Tensor
-            and row_idx.is_cuda and not _is_wrapped(row_idx) and not _is_wrapped(other_idx)):
+    if _extension_groups(row_idx, other_idx):
         ext = cuda_module()
         if not both:
             return ext.group_edges(row_idx, other_idx, num_rows, num_other)

@@ -150,8 +150,8 @@ def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, 
     already; the first is the source features, ``dst_rows`` has a row per destination)."""
     _check_slope(negative_slope)
     check_options(tensors[0].device, dropout_p, generator, plan, check_indices, return_attention)
-    groups = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices,
-                            [tensors[i] for i in _SOURCE_INPUTS[op]])
+    groups, check_indices = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices,
+                                           [tensors[i] for i in _SOURCE_INPUTS[op]])
     out, _, alpha, _ = eager.call(op, _EAGER_FUNCTIONS[op], *tensors, src_idx, dst_idx, *groups,
                                   float(negative_slope), float(dropout_p), generator, return_attention, check_indices)
     return (out, alpha) if return_attention else out

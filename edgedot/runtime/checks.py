@@ -225,6 +225,32 @@ def launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, host_flags):
     return cuda_module().graph_check_launch(src_idx, num_src, dst_idx, num_dst, dst_ptr, host_flags)
 
 
+def grouping_with_check(dst_idx, src_idx, num_dst, num_src, both):
+    """The extension's ``group_edges(dst_idx, src_idx, num_dst, num_src)`` (``group_edges_both``
+    with ``both``), plain CUDA index tensors, with :func:`check_graph`'s range check of the graph
+    (no pointer) run by the grouping's own kernel, which reads every index of both ends anyway: a
+    new graph's check then costs no launch of its own. Its verdict is deferred, remembered and
+    reported as :func:`check_graph`'s, under the op's argument names. Not while a CUDA graph is
+    captured (the caller groups without it, as :func:`check_graph` checks nothing then)."""
+    deferred.raise_found()
+    device = dst_idx.device
+    read_back = deferred.buffer(device)
+    groups, launched = launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, read_back[0])
+    if launched:
+        deferred.submit(read_back, device, launched, (src_idx, num_src, dst_idx, num_dst, None, OP_NAMES))
+    else:
+        deferred.give_back(read_back, device)
+    return tuple(groups)
+
+
+def launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, host_flags):
+    """The extension's ``group_edges_checked`` (``csrc/common/graph_checks.cpp``): the groupings,
+    and the parts of the graph whose range check the grouping kernel ran into ``host_flags`` (the
+    bits of :func:`launch_graph_check`; remembered at once as that function's are)."""
+    from .build import cuda_module
+    return cuda_module().group_edges_checked(dst_idx, src_idx, num_dst, num_src, both, host_flags)
+
+
 class DeferredChecks:
     """Graph checks running on the device, whose verdicts the host reads without waiting.
 

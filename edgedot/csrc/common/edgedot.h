@@ -106,13 +106,21 @@ struct GroupSide {
   int64_t* offsets;
 };
 
+// Where a grouping reports the first side's indices out of range, as a graph check's flags do
+// (set to 1, never cleared); a null pointer reports nothing. The grouping reads every index of
+// both ends anyway, so a new graph's range check needs no launch of its own.
+struct RangeFlags {
+  int* row_out = nullptr;    // some row_idx[i] outside [0, num_rows)
+  int* other_out = nullptr;  // some other_idx[i] outside [0, num_other)
+};
+
 // The groupings (csrc/common/group_edges.cu) from the sorted keys and positions of
 // launch_sort_by_row (its num_keys entries each, the buffer it returned; unread when num_edges is
 // 0), for one side or, with second (not null), two: order[i] = positions[i], row_other[i] = row
 // << 32 | other row (-1 when other_idx[positions[i]] lies outside [0, num_other)), and offsets the
 // first sorted position whose row is >= r. num_edges below 2**31 - 1, rows at most 2**31 - 1.
 void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t num_edges, const GroupSide& first,
-                        const GroupSide* second, cudaStream_t stream);
+                        const GroupSide* second, RangeFlags range_flags, cudaStream_t stream);
 
 // launch_sort_by_row and launch_group_edges in one cooperative launch (csrc/common/
 // group_edges_cooperative.cu), for batches whose keys (num_keys: num_edges, or 2 * num_edges for
@@ -125,7 +133,7 @@ int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind 
 int64_t cooperative_grouping_ints(int64_t num_keys, int tiles);
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
                                     int32_t* scratch, const GroupSide& first, const GroupSide* second,
-                                    cudaStream_t stream);
+                                    RangeFlags range_flags, cudaStream_t stream);
 
 // A sorted edge in 64 bits: its other row in the low half (-1 when out of range), the bits of its
 // heads x grad_out values (at most 4 bytes, head 0 lowest) in the high half.

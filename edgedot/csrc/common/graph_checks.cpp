@@ -88,6 +88,49 @@ bool pointer_agrees(const at::Tensor& dst_ptr, const at::Tensor& dst_idx) {
 
 }  // namespace
 
+namespace {
+
+// The parts of a graph (kGraphCheck* bits) that no deferred check has found, or is finding, right.
+int64_t unchecked_parts(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                        const c10::optional<at::Tensor>& dst_ptr) {
+  return (checked_ranges().covers(src_idx, num_src) ? 0 : kGraphCheckSrc) |
+         (checked_ranges().covers(dst_idx, num_dst) ? 0 : kGraphCheckDst) |
+         (dst_ptr.has_value() && !pointer_agrees(*dst_ptr, dst_idx) ? kGraphCheckPtr : 0);
+}
+
+// The device's view of a deferred check's flags, host_flags (pinned int32 [kGraphCheckFlags] CPU
+// memory, whose previous check has completed: the caller waited for its event), zeroed.
+int* zeroed_device_flags(const at::Tensor& host_flags, const char* caller) {
+  TORCH_CHECK_VALUE(host_flags.device().is_cpu() && host_flags.scalar_type() == at::kInt &&
+                        host_flags.numel() == kGraphCheckFlags && host_flags.is_contiguous(),
+                    "edgedot: ", caller, " needs host_flags a contiguous pinned int32 CPU tensor of ",
+                    static_cast<int>(kGraphCheckFlags), " elements");
+  void* device_view = nullptr;
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host_flags.data_ptr(), 0);
+  if (mapped != cudaSuccess) {
+    (void)cudaGetLastError();  // not a launch's error: clear it for the checks that follow
+    TORCH_CHECK_VALUE(false, "edgedot: ", caller, " needs host_flags in pinned memory the device can write: ",
+                      cudaGetErrorString(mapped));
+  }
+  std::memset(host_flags.data_ptr(), 0, kGraphCheckFlags * sizeof(int));
+  return static_cast<int*>(device_view);
+}
+
+// Remembers the parts of a graph just launched, as if found right (see graph_check_launch).
+void remember_parts(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
+                    const c10::optional<at::Tensor>& dst_ptr, int64_t parts) {
+  if (parts & kGraphCheckSrc) checked_ranges().put(src_idx, num_src);
+  if (parts & kGraphCheckDst) checked_ranges().put(dst_idx, num_dst);
+  if (parts & kGraphCheckPtr) {
+    static std::atomic<uint64_t> next_token{0};
+    const uint64_t token = ++next_token;
+    checked_pointers().put(*dst_ptr, token);
+    checked_pointer_targets().put(dst_idx, token);
+  }
+}
+
+}  // namespace
+
 // The deferred check of edgedot/runtime/checks.py:check_graph: the parts of the graph no earlier
 // check covers (src_idx's range, dst_idx's, dst_ptr against dst_idx) checked by one kernel that
 // writes graph_flags straight into host_flags, pinned int32 [kGraphCheckFlags] CPU memory (zeroed
@@ -98,34 +141,32 @@ bool pointer_agrees(const at::Tensor& dst_ptr, const at::Tensor& dst_idx) {
 // kGraphCheck* bits, 0 when every part was remembered and nothing was launched.
 int64_t graph_check_launch(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                            const c10::optional<at::Tensor>& dst_ptr, const at::Tensor& host_flags) {
-  const bool check_src = !checked_ranges().covers(src_idx, num_src);
-  const bool check_dst = !checked_ranges().covers(dst_idx, num_dst);
-  const bool check_ptr = dst_ptr.has_value() && !pointer_agrees(*dst_ptr, dst_idx);
-  if (!(check_src || check_dst || check_ptr)) return 0;
-  TORCH_CHECK_VALUE(host_flags.device().is_cpu() && host_flags.scalar_type() == at::kInt &&
-                        host_flags.numel() == kGraphCheckFlags && host_flags.is_contiguous(),
-                    "edgedot: graph_check_launch needs host_flags a contiguous pinned int32 CPU tensor of ",
-                    static_cast<int>(kGraphCheckFlags), " elements");
-  void* device_view = nullptr;
-  const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host_flags.data_ptr(), 0);
-  if (mapped != cudaSuccess) {
-    (void)cudaGetLastError();  // not a launch's error: clear it for the checks that follow
-    TORCH_CHECK_VALUE(false, "edgedot: graph_check_launch needs host_flags in pinned memory the device can write: ",
-                      cudaGetErrorString(mapped));
+  const int64_t parts = unchecked_parts(src_idx, num_src, dst_idx, num_dst, dst_ptr);
+  if (parts == 0) return 0;
+  int* flags = zeroed_device_flags(host_flags, "graph_check_launch");
+  launch_graph_check(src_idx, num_src, dst_idx, num_dst, (parts & kGraphCheckPtr) ? dst_ptr : c10::nullopt,
+                     (parts & kGraphCheckSrc) != 0, (parts & kGraphCheckDst) != 0, flags);
+  remember_parts(src_idx, num_src, dst_idx, num_dst, dst_ptr, parts);
+  return parts;
+}
+
+// group_edges(dst_idx, src_idx, num_dst, num_src) (group_edges_both with both) with graph_check_launch's
+// deferred check of the two ranges folded in: the grouping kernel, which reads every index of both
+// ends anyway, writes the flags of the parts no earlier check covers into host_flags. Returns the
+// groupings and the parts checked (0: the graph was remembered, host_flags untouched).
+std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tensor& dst_idx, const at::Tensor& src_idx,
+                                                                 int64_t num_dst, int64_t num_src, bool both,
+                                                                 const at::Tensor& host_flags) {
+  const int64_t parts = unchecked_parts(src_idx, num_src, dst_idx, num_dst, c10::nullopt);
+  RangeFlags range_flags;
+  if (parts != 0) {
+    int* flags = zeroed_device_flags(host_flags, "group_edges_checked");
+    if (parts & kGraphCheckDst) range_flags.row_out = flags + kDstOutOfRange;
+    if (parts & kGraphCheckSrc) range_flags.other_out = flags + kSrcOutOfRange;
   }
-  // The buffer's previous check, if any, has completed (the caller waited for its event).
-  std::memset(host_flags.data_ptr(), 0, kGraphCheckFlags * sizeof(int));
-  launch_graph_check(src_idx, num_src, dst_idx, num_dst, check_ptr ? dst_ptr : c10::nullopt, check_src, check_dst,
-                     static_cast<int*>(device_view));
-  if (check_src) checked_ranges().put(src_idx, num_src);
-  if (check_dst) checked_ranges().put(dst_idx, num_dst);
-  if (check_ptr) {
-    static std::atomic<uint64_t> next_token{0};
-    const uint64_t token = ++next_token;
-    checked_pointers().put(*dst_ptr, token);
-    checked_pointer_targets().put(dst_idx, token);
-  }
-  return (check_src ? kGraphCheckSrc : 0) | (check_dst ? kGraphCheckDst : 0) | (check_ptr ? kGraphCheckPtr : 0);
+  std::vector<at::Tensor> groups = group_sides(dst_idx, src_idx, num_dst, num_src, both, range_flags);
+  remember_parts(src_idx, num_src, dst_idx, num_dst, c10::nullopt, parts);
+  return {std::move(groups), parts};
 }
 
 // Forgets what graph_check_launch remembered for the parts `launched` of a graph found bad.

@@ -9,8 +9,8 @@ namespace {
 template <typename FirstOther, typename SecondOther>
 __global__ void __launch_bounds__(kBlockThreads)
 group_edges_kernel(const int32_t* __restrict__ keys, const int32_t* __restrict__ positions, int32_t num_edges,
-                   int sides, TypedSide<FirstOther> first, TypedSide<SecondOther> second) {
-  write_groupings(keys, positions, num_edges, sides, first, second,
+                   int sides, TypedSide<FirstOther> first, TypedSide<SecondOther> second, RangeFlags range_flags) {
+  write_groupings(keys, positions, num_edges, sides, first, second, range_flags,
                   static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
                   static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
@@ -18,7 +18,7 @@ group_edges_kernel(const int32_t* __restrict__ keys, const int32_t* __restrict__
 }  // namespace
 
 void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t num_edges, const GroupSide& first,
-                        const GroupSide* second, cudaStream_t stream) {
+                        const GroupSide* second, RangeFlags range_flags, cudaStream_t stream) {
   const int sides = second == nullptr ? 1 : 2;
   const GroupSide& other_side = second == nullptr ? first : *second;
   dispatch_index(first.other_index, [&](auto fo) {
@@ -31,7 +31,7 @@ void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t n
       const int64_t threads = entries > offsets ? entries : offsets;
       kernel<<<grid_blocks(kernel, threads), kBlockThreads, 0, stream>>>(
           keys, positions, static_cast<int32_t>(num_edges), sides, typed<FirstOther>(first),
-          typed<SecondOther>(other_side));
+          typed<SecondOther>(other_side), range_flags);
     });
   });
 }

@@ -113,7 +113,7 @@ template <typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kSortThreads, 1)
 cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
                             int num_tiles, SortBuffers buffers, TypedSide<OtherIdx> first,
-                            TypedSide<RowIdx> second) {
+                            TypedSide<RowIdx> second, RangeFlags range_flags) {
   __shared__ TileShared shared;
   const cg::grid_group grid = cg::this_grid();
   const int tile = static_cast<int>(blockIdx.x);
@@ -175,7 +175,7 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   // Plain loads (the grid sync orders them after every block's writes), through L1: the binary
   // searches reuse the top of their trees.
   const int sorted = (passes + 1) & 1;
-  write_groupings(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second,
+  write_groupings(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second, range_flags,
                   static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
                   static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
@@ -211,7 +211,7 @@ int64_t cooperative_grouping_ints(int64_t num_keys, int tiles) {
 
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
                                     int32_t* scratch, const GroupSide& first, const GroupSide* second,
-                                    cudaStream_t stream) {
+                                    RangeFlags range_flags, cudaStream_t stream) {
   const int sides = second == nullptr ? 1 : 2;
   const int64_t num_keys = sides * num_edges;
   const int64_t max_key = second == nullptr ? first.num_rows : first.num_rows + 1 + first.num_other;
@@ -228,7 +228,7 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
       status = launch_cooperative(cooperative_grouping_kernel<RowIdx, OtherIdx>, blocks, kSortThreads, stream,
                                   static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
                                   key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
-                                  typed<RowIdx>(second == nullptr ? first : *second));
+                                  typed<RowIdx>(second == nullptr ? first : *second), range_flags);
     });
   });
   if (status != cudaSuccess) {

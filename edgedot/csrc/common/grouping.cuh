@@ -65,33 +65,51 @@ TypedSide<OtherIdx> typed(const GroupSide& s) {
   return {static_cast<const OtherIdx*>(s.other_idx), s.num_rows, s.num_other, s.order, s.row_other, s.offsets};
 }
 
-// Entry i of a side's sorted keys (its rows offset by key_base) and positions.
+// Entry i of a side's sorted keys (its rows offset by key_base) and positions; returns whether its
+// other end is out of range.
 template <typename OtherIdx>
-__device__ __forceinline__ void group_entry(const TypedSide<OtherIdx>& side, int32_t key, int32_t e, int64_t i,
+__device__ __forceinline__ bool group_entry(const TypedSide<OtherIdx>& side, int32_t key, int32_t e, int64_t i,
                                             int32_t key_base) {
   const OtherIdx o = side.other_idx[e];
-  const int32_t other = in_range(o, side.num_other) ? static_cast<int32_t>(o) : -1;
+  const bool other_in = in_range(o, side.num_other);
+  const int32_t other = other_in ? static_cast<int32_t>(o) : -1;
   side.order[i] = e;
   // Rows lie in [0, num_rows]: out-of-range rows were sorted as num_rows.
   side.row_other[i] = static_cast<uint64_t>(static_cast<uint32_t>(key - key_base)) << 32 | static_cast<uint32_t>(other);
+  return !other_in;
 }
 
 // The groupings from the sorted keys and positions (sides * num_edges of each; sides 1 or 2: entries
 // [0, num_edges) are the first side's, [num_edges, 2 num_edges) the second's, whose keys start at
-// first.num_rows + 1), for threads start, start + stride, ... of a grid. Not __restrict__: the
-// cooperative kernel wrote them itself, so they must not be read through the read-only path.
+// first.num_rows + 1), for threads start, start + stride, ... of a grid, every thread of each block
+// (range_flags are set once per block). Not __restrict__: the cooperative kernel wrote them itself,
+// so they must not be read through the read-only path.
 template <typename FirstOther, typename SecondOther>
 __device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
                                                 int sides, const TypedSide<FirstOther>& first,
-                                                const TypedSide<SecondOther>& second, int64_t start, int64_t stride) {
+                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                                int64_t start, int64_t stride) {
   // 64-bit counters: num_rows + 1 reaches 2**31.
   const int32_t second_base = static_cast<int32_t>(first.num_rows + 1);
+  const int32_t row_out_key = static_cast<int32_t>(first.num_rows);  // out-of-range rows' key
   const int64_t num_keys = static_cast<int64_t>(sides) * num_edges;
+  bool row_out = false, other_out = false;
   for (int64_t i = start; i < num_keys; i += stride) {
     if (i < num_edges) {
-      group_entry(first, keys[i], positions[i], i, 0);
+      const int32_t key = keys[i];
+      row_out |= key == row_out_key;
+      other_out |= group_entry(first, key, positions[i], i, 0);
     } else {
       group_entry(second, keys[i], positions[i], i - num_edges, second_base);
+    }
+  }
+  if (range_flags.row_out != nullptr || range_flags.other_out != nullptr) {  // the same for the whole grid
+    // One store per block and failed condition, each writing 1: their order is irrelevant.
+    const int any_row_out = __syncthreads_or(row_out);
+    const int any_other_out = __syncthreads_or(other_out);
+    if (threadIdx.x == 0) {
+      if (any_row_out && range_flags.row_out != nullptr) *range_flags.row_out = 1;
+      if (any_other_out && range_flags.other_out != nullptr) *range_flags.other_out = 1;
     }
   }
   const int64_t first_offsets = first.num_rows + 1;

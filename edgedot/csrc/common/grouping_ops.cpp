@@ -73,11 +73,13 @@ IndexKind checked_index(const at::Tensor& idx, const char* message) {
   return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
 }
 
+}  // namespace
+
 // The groupings of group_edges (by row_idx) and, with both, group_edges_both (also by other_idx):
 // one sort of the edges' keys on every side, then one kernel; a small batch's in one cooperative
-// kernel.
+// kernel. range_flags: where the kernel reports indices out of range.
 std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_rows,
-                                    int64_t num_other, bool both) {
+                                    int64_t num_other, bool both, RangeFlags range_flags) {
   // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
   // shape into a failing check's message crashed the process (NOTES.md).
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
@@ -119,7 +121,7 @@ std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor&
   if (const int tiles = cooperative_grouping_tiles(num_keys, row_index, other_index)) {
     at::Tensor scratch = at::empty({cooperative_grouping_ints(num_keys, tiles)}, options.dtype(at::kInt));
     if (launch_group_edges_cooperative(rows.data_ptr(), row_index, num_edges, tiles, scratch.data_ptr<int32_t>(),
-                                       group[0], second, stream)) {
+                                       group[0], second, range_flags, stream)) {
       return out;
     }
   }
@@ -146,19 +148,17 @@ std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor&
     keys += buffer * num_keys;
     positions += buffer * num_keys;
   }
-  launch_group_edges(keys, positions, num_edges, group[0], second, stream);
+  launch_group_edges(keys, positions, num_edges, group[0], second, range_flags, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
-
-}  // namespace
 
 // edgedot.runtime.plan.build_side(row_idx, other_idx, num_rows, num_other) and its group_offsets, bit for
 // bit: (packed [2E] = order | row_other, offsets [num_rows + 1]), by one radix sort and one kernel
 // instead of a dozen tensor operations. Never waits for the device.
 std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
                                                int64_t num_other) {
-  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/false);
+  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/false, RangeFlags{});
   return {out[0], out[1]};
 }
 
@@ -167,7 +167,7 @@ std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor ot
 // groupings (a forward whose backward walks the edges by source) launches half as many kernels.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_edges_both(at::Tensor row_idx, at::Tensor other_idx,
                                                                             int64_t num_rows, int64_t num_other) {
-  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/true);
+  std::vector<at::Tensor> out = group_sides(row_idx, other_idx, num_rows, num_other, /*both=*/true, RangeFlags{});
   return {out[0], out[1], out[2], out[3]};
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "common/edgedot.h"
 
@@ -71,6 +72,9 @@ int64_t graph_check_launch(const at::Tensor& src_idx, int64_t num_src, const at:
                            const c10::optional<at::Tensor>& dst_ptr, const at::Tensor& host_flags);
 void graph_check_forget(const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_ptr,
                         int64_t launched);
+std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tensor& dst_idx, const at::Tensor& src_idx,
+                                                                 int64_t num_dst, int64_t num_src, bool both,
+                                                                 const at::Tensor& host_flags);
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 
@@ -93,6 +97,10 @@ std::tuple<at::Tensor, at::Tensor> sort_packed_by_row(const GradArgs& args, cons
                                                       cudaStream_t stream);
 
 bool packable_sort(const GradArgs& args, int64_t grad_bytes);
+
+// group_edges' and group_edges_both's work (both: also by other_idx), range_flags reported.
+std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_rows,
+                                    int64_t num_other, bool both, RangeFlags range_flags);
 
 std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor other_idx, int64_t num_rows,
                                                int64_t num_other);
