@@ -190,8 +190,10 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
         # Built here, so that the backward reuses them; without a gradient by source, the backward
         # builds none.
         by_src = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in source_inputs)
-        if check_indices and _extension_groups(dst_idx, src_idx) and not torch.cuda.is_current_stream_capturing():
-            # The grouping's kernel reads every index anyway: it runs the graph's check too.
+        if (check_indices and _extension_groups(dst_idx, src_idx) and not torch.jit.is_tracing()
+                and not torch.cuda.is_current_stream_capturing()):
+            # The grouping's kernel reads every index anyway: it runs the graph's check too (not in
+            # a trace, whose op calls would replay without one).
             groups = _checked_grouping(dst_idx, src_idx, num_dst, num_src, by_src)
             check_indices = False
         else:
