@@ -247,21 +247,44 @@ def test_build_grouping_both_sides(dtype, max_edges, monkeypatch):
         assert torch.equal(got[2 * i], want) and torch.equal(got[2 * i + 1], group_offsets(want, n))
 
 
+
+@requires_cuda
+@pytest.mark.parametrize("max_edges", [attention_ops.BOTH_SIDES_MAX_EDGES, 999])
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
+def test_build_grouping_with_the_check(both, max_edges, monkeypatch):
+    """check=True: the same groupings, in one sort and (past BOTH_SIDES_MAX_EDGES) in two; a bad
+    index found by the grouping's kernel is reported at the latest by wait_for_checks, naming the
+    argument (rows as dst_idx)."""
+    monkeypatch.setattr(attention_ops, "BOTH_SIDES_MAX_EDGES", max_edges)
+    rows, others = _indices("random", 1000, 50, torch.int64, gen(14))
+    got = attention_ops.build_grouping(rows, others, 50, NUM_OTHER, both=both, check=True)
+    want = attention_ops.build_grouping(rows, others, 50, NUM_OTHER, both=both)
+    assert len(got) == len(want) == (4 if both else 2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    edgedot.wait_for_checks()
+    bad_rows = rows.clone()
+    bad_rows[17] = 50
+    attention_ops.build_grouping(bad_rows, others, 50, NUM_OTHER, both=both, check=True)
+    with pytest.raises(IndexError, match="dst_idx"):
+        edgedot.wait_for_checks()
+
+
+def test_build_grouping_check_needs_the_extension():
+    rows = torch.randint(0, 50, (100,), generator=gen(15))
+    others = torch.randint(0, NUM_OTHER, (100,), generator=gen(16))
+    with pytest.raises(ValueError, match="check"):
+        attention_ops.build_grouping(rows, others, 50, NUM_OTHER, check=True)
+
 def _groupings_built(monkeypatch):
     """The ``both`` argument of every grouping edge_groupings builds (with the graph's check in its
     kernel or without), recorded."""
     calls = []
-    build, checked = attention_ops.build_grouping, attention_ops._checked_grouping
+    build = attention_ops.build_grouping
 
-    def recording(*args, both=False):
+    def recording(*args, both=False, check=False):
         calls.append(both)
-        return build(*args, both=both)
-
-    def recording_checked(dst_idx, src_idx, num_dst, num_src, both):
-        calls.append(both)
-        return checked(dst_idx, src_idx, num_dst, num_src, both)
+        return build(*args, both=both, check=check)
     monkeypatch.setattr(attention_ops, "build_grouping", recording)
-    monkeypatch.setattr(attention_ops, "_checked_grouping", recording_checked)
     return calls
 
 

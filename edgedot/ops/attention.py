@@ -194,7 +194,7 @@ def edge_groupings(plan, dst_ptr, src_feat, dst_feat, src_idx, dst_idx, check_in
                 and not torch.cuda.is_current_stream_capturing()):
             # The grouping's kernel reads every index anyway: it runs the graph's check too (not in
             # a trace, whose op calls would replay without one).
-            groups = _checked_grouping(dst_idx, src_idx, num_dst, num_src, by_src)
+            groups = build_grouping(dst_idx, src_idx, num_dst, num_src, both=by_src, check=True)
             check_indices = False
         else:
             groups = build_grouping(dst_idx, src_idx, num_dst, num_src, both=by_src)
@@ -340,31 +340,29 @@ def _extension_groups(row_idx, other_idx):
             and row_idx.is_cuda and not _is_wrapped(row_idx) and not _is_wrapped(other_idx))
 
 
-def _checked_grouping(dst_idx, src_idx, num_dst, num_src, both):
-    """:func:`build_grouping` ``(dst_idx, src_idx, num_dst, num_src, both)`` by the extension, whose
-    grouping kernel also runs the graph's deferred range check
-    (:func:`edgedot.runtime.checks.grouping_with_check`)."""
-    if not both or dst_idx.shape[0] <= BOTH_SIDES_MAX_EDGES:
-        return grouping_with_check(dst_idx, src_idx, num_dst, num_src, both)
-    return grouping_with_check(dst_idx, src_idx, num_dst, num_src, False) + \
-        cuda_module().group_edges(src_idx, dst_idx, num_src, num_dst)
-
-
-def build_grouping(row_idx, other_idx, num_rows, num_other, both=False):
+def build_grouping(row_idx, other_idx, num_rows, num_other, both=False, check=False):
     """``(build_side(row_idx, other_idx, num_rows, num_other), its group_offsets)``, and with
     ``both`` the same by ``other_idx`` after them (four tensors). Plain CUDA tensors outside tracing
     take one radix sort and one kernel of the extension (one sort of both sides' keys, up to
     ``BOTH_SIDES_MAX_EDGES`` edges), which give the same tensors bit for bit; fake,
     functorch-wrapped or subclassed tensors and ``torch.compile`` keep the tensor operations, which
-    they can trace."""
+    they can trace. With ``check`` (the extension's path only, outside CUDA-graph capture), the
+    grouping kernel by ``row_idx`` also runs the graph's deferred range check, ``row_idx`` as the
+    destinations (:func:`edgedot.runtime.checks.grouping_with_check`)."""
     if _extension_groups(row_idx, other_idx):
         ext = cuda_module()
-        if not both:
-            return ext.group_edges(row_idx, other_idx, num_rows, num_other)
-        if row_idx.shape[0] <= BOTH_SIDES_MAX_EDGES:
-            return ext.group_edges_both(row_idx, other_idx, num_rows, num_other)
-        return ext.group_edges(row_idx, other_idx, num_rows, num_other) + \
-            ext.group_edges(other_idx, row_idx, num_other, num_rows)
+        one_sort = both and row_idx.shape[0] <= BOTH_SIDES_MAX_EDGES
+        if check:
+            groups = grouping_with_check(row_idx, other_idx, num_rows, num_other, one_sort)
+        elif one_sort:
+            groups = ext.group_edges_both(row_idx, other_idx, num_rows, num_other)
+        else:
+            groups = ext.group_edges(row_idx, other_idx, num_rows, num_other)
+        if both and not one_sort:
+            groups += ext.group_edges(other_idx, row_idx, num_other, num_rows)
+        return groups
+    if check:
+        raise ValueError("build_grouping: check needs the extension's grouping (plain CUDA index tensors)")
     groups = ()
     for rows, others, n, n_other in ((row_idx, other_idx, num_rows, num_other),
                                      (other_idx, row_idx, num_other, num_rows))[:2 if both else 1]:
