@@ -13,6 +13,8 @@
 // so that more blocks share each pass.
 #include <cooperative_groups.h>
 
+#include <initializer_list>
+
 #include <cub/block/block_radix_rank.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -30,7 +32,7 @@ static_assert(kSortThreads == 2 * kDigits, "two threads per digit sum the tiles'
 // Tiles past which the CUB sort serves: each block reads every tile's counts once a pass, which
 // grows with the square of the tiles.
 constexpr int kMaxTiles = 128;
-// Keys per thread: kSmallTileKeys where kMaxTiles such tiles hold the batch, else kLargeTileKeys.
+// Keys per thread: the small tiles where the grid holds enough of them, else the large.
 constexpr int kSmallKeysPerThread = 8;
 constexpr int kLargeKeysPerThread = 16;
 
@@ -39,9 +41,13 @@ using DigitScan = cub::BlockScan<int32_t, kSortThreads>;
 
 __host__ __device__ constexpr int64_t tile_keys(int keys_per_thread) { return int64_t{kSortThreads} * keys_per_thread; }
 
-// The keys per thread a batch of num_keys keys is sorted with.
-int keys_per_thread(int64_t num_keys) {
-  return num_keys <= kMaxTiles * tile_keys(kSmallKeysPerThread) ? kSmallKeysPerThread : kLargeKeysPerThread;
+int64_t tiles_of(int64_t num_keys, int keys_per_thread) {
+  return (num_keys + tile_keys(keys_per_thread) - 1) / tile_keys(keys_per_thread);
+}
+
+// The keys per thread of a batch of num_keys keys in `tiles` tiles (cooperative_grouping_tiles).
+int keys_per_thread(int64_t num_keys, int tiles) {
+  return tiles == tiles_of(num_keys, kSmallKeysPerThread) ? kSmallKeysPerThread : kLargeKeysPerThread;
 }
 
 // Bits [shift, shift + bits) of a key.
@@ -255,9 +261,11 @@ int resident_blocks(IndexKind row_index, IndexKind other_index, int keys_per_thr
 
 int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind other_index) {
   if (num_keys <= 0 || !cooperative_launch()) return 0;
-  const int kpt = keys_per_thread(num_keys);
-  const int64_t tiles = (num_keys + tile_keys(kpt) - 1) / tile_keys(kpt);
-  return tiles <= kMaxTiles && tiles <= resident_blocks(row_index, other_index, kpt) ? static_cast<int>(tiles) : 0;
+  for (const int kpt : {kSmallKeysPerThread, kLargeKeysPerThread}) {
+    const int64_t tiles = tiles_of(num_keys, kpt);
+    if (tiles <= kMaxTiles && tiles <= resident_blocks(row_index, other_index, kpt)) return static_cast<int>(tiles);
+  }
+  return 0;
 }
 
 int64_t cooperative_grouping_ints(int64_t num_keys, int tiles) {
@@ -274,7 +282,7 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
                       scratch + 4 * num_keys};
   cudaError_t status = cudaSuccess;
-  with_kernel(row_index, first.other_index, keys_per_thread(num_keys), [&](auto kernel, auto ri, auto oi) {
+  with_kernel(row_index, first.other_index, keys_per_thread(num_keys, tiles), [&](auto kernel, auto ri, auto oi) {
     using RowIdx = decltype(ri);
     using OtherIdx = decltype(oi);
     // One side: the second is never read (sides is 1).
