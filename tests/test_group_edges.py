@@ -96,18 +96,21 @@ def test_matches_build_side(dtype, num_edges, num_rows, pattern, both):
     (_check_both if both else _check)(row_idx, other_idx, num_rows, NUM_OTHER)
 
 
-# The cooperative kernel's tiles: 512 threads x 16 keys, at most 128 of them.
-TILE_KEYS = 8192
+# The cooperative kernel's tiles: 512 threads x 8 keys up to 128 such tiles, else 512 x 16 keys, at
+# most 128 of them.
+SMALL_TILE_KEYS, TILE_KEYS = 4096, 8192
 COOPERATIVE_MAX_KEYS = 128 * TILE_KEYS
 
 
 @requires_cuda
 @pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
-@pytest.mark.parametrize("num_keys", [TILE_KEYS - 2, TILE_KEYS, TILE_KEYS + 2, 5 * TILE_KEYS + 6,
-                                      COOPERATIVE_MAX_KEYS, COOPERATIVE_MAX_KEYS + 2])
+@pytest.mark.parametrize("num_keys", [SMALL_TILE_KEYS - 2, SMALL_TILE_KEYS, SMALL_TILE_KEYS + 2,
+                                      5 * SMALL_TILE_KEYS + 6, 128 * SMALL_TILE_KEYS, 128 * SMALL_TILE_KEYS + 2,
+                                      75 * TILE_KEYS + 6, COOPERATIVE_MAX_KEYS, COOPERATIVE_MAX_KEYS + 2])
 def test_tile_edges_and_past_the_one_launch_sort(num_keys, both):
     """Batches that end on, just before and just after a tile of the one-launch sort, fill its
-    largest grid, or just pass it (CUB's sort then serves): the same groupings."""
+    grid of small tiles or just pass it (large tiles then), fill its largest grid, or just pass it
+    (CUB's sort then serves): the same groupings."""
     num_edges = num_keys // 2 if both else num_keys
     row_idx, other_idx = _indices("bad_rows", num_edges, 70000, torch.int64, gen(num_keys + both))
     (_check_both if both else _check)(row_idx, other_idx, 70000, NUM_OTHER)

@@ -7,8 +7,13 @@
 // Each block ranks one tile of keys per pass (cub::BlockRadixRankMatch, stable over the tile's
 // warp-striped order), writes its digit counts, and after a grid sync reads every tile's counts to
 // place its keys: every key's place follows from counts alone, so no block waits on another's
-// progress but at the syncs.
+// progress but at the syncs. A tile's keys go out through shared memory in their sorted order, so
+// that the keys of one digit leave as contiguous runs (coalesced) rather than one scattered word
+// each: the grid's syncs wait for every block's writes. Small batches take tiles of half the keys,
+// so that more blocks share each pass.
 #include <cooperative_groups.h>
+
+#include <initializer_list>
 
 #include <cub/block/block_radix_rank.cuh>
 #include <cub/block/block_scan.cuh>
@@ -21,18 +26,29 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kSortThreads = 512;
-constexpr int kKeysPerThread = 16;
-constexpr int kTileKeys = kSortThreads * kKeysPerThread;
-constexpr int kWarpKeys = 32 * kKeysPerThread;
 constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
 static_assert(kSortThreads == 2 * kDigits, "two threads per digit sum the tiles' counts");
 // Tiles past which the CUB sort serves: each block reads every tile's counts once a pass, which
 // grows with the square of the tiles.
 constexpr int kMaxTiles = 128;
+// Keys per thread: the small tiles where the grid holds enough of them, else the large.
+constexpr int kSmallKeysPerThread = 8;
+constexpr int kLargeKeysPerThread = 16;
 
 using DigitRank = cub::BlockRadixRankMatch<kSortThreads, kDigitBits, /*IS_DESCENDING=*/false>;
 using DigitScan = cub::BlockScan<int32_t, kSortThreads>;
+
+__host__ __device__ constexpr int64_t tile_keys(int keys_per_thread) { return int64_t{kSortThreads} * keys_per_thread; }
+
+int64_t tiles_of(int64_t num_keys, int keys_per_thread) {
+  return (num_keys + tile_keys(keys_per_thread) - 1) / tile_keys(keys_per_thread);
+}
+
+// The keys per thread of a batch of num_keys keys in `tiles` tiles (cooperative_grouping_tiles).
+int keys_per_thread(int64_t num_keys, int tiles) {
+  return tiles == tiles_of(num_keys, kSmallKeysPerThread) ? kSmallKeysPerThread : kLargeKeysPerThread;
+}
 
 // Bits [shift, shift + bits) of a key.
 struct KeyDigit {
@@ -46,11 +62,14 @@ struct SortBuffers {
   int32_t* tile_counts;  // [tiles][kDigits]: the keys of each digit in each tile, this pass
 };
 
-// A block's shared memory: the rank's and the scan's (used in turn), and what a pass keeps per digit.
+// A block's shared memory: the rank's, the scan's and the tile's keys (or positions) in sorted
+// order, used in turn, and what a pass keeps per digit.
+template <int KPT>
 struct TileShared {
   union {
     typename DigitRank::TempStorage rank;
     typename DigitScan::TempStorage scan;
+    int32_t sorted[kSortThreads * KPT];
   } temp;
   int32_t tile_prefix[kDigits + 1];  // this tile's keys of smaller digits (padding included)
   int32_t tile_sums[2][2][kDigits];  // [half of the tiles][tiles before this one, all tiles][digit]
@@ -59,13 +78,13 @@ struct TileShared {
 
 // One pass's first half for a tile of `valid` keys (the rest padding): ranks the keys by digit
 // within the tile and writes the tile's count of each digit.
-__device__ __forceinline__ void rank_tile(TileShared& shared, uint32_t (&keys)[kKeysPerThread],
-                                          int (&ranks)[kKeysPerThread], KeyDigit digit, int valid,
-                                          int32_t* __restrict__ counts) {
+template <int KPT>
+__device__ __forceinline__ void rank_tile(TileShared<KPT>& shared, uint32_t (&keys)[KPT], int (&ranks)[KPT],
+                                          KeyDigit digit, int valid, int32_t* __restrict__ counts) {
   int prefix[DigitRank::BINS_TRACKED_PER_THREAD];
   DigitRank(shared.temp.rank).RankKeys(keys, ranks, digit, prefix);
   if (threadIdx.x < kDigits) shared.tile_prefix[threadIdx.x] = prefix[0];
-  if (threadIdx.x == 0) shared.tile_prefix[kDigits] = kTileKeys;
+  if (threadIdx.x == 0) shared.tile_prefix[kDigits] = static_cast<int32_t>(tile_keys(KPT));
   __syncthreads();
   if (threadIdx.x < kDigits) {
     // Padding keys hold the largest digit and rank after every real key.
@@ -78,7 +97,8 @@ __device__ __forceinline__ void rank_tile(TileShared& shared, uint32_t (&keys)[k
 
 // One pass's second half, after every tile's counts are written: where this tile's keys of each
 // digit start (the keys of smaller digits in all tiles, plus those of its digit in earlier tiles).
-__device__ __forceinline__ void place_tile(TileShared& shared, const int32_t* __restrict__ tile_counts, int tile,
+template <int KPT>
+__device__ __forceinline__ void place_tile(TileShared<KPT>& shared, const int32_t* __restrict__ tile_counts, int tile,
                                            int num_tiles) {
   // Two threads per digit, each summing half of the tiles.
   const int d = threadIdx.x % kDigits;
@@ -86,10 +106,11 @@ __device__ __forceinline__ void place_tile(TileShared& shared, const int32_t* __
   const int lo = half == 0 ? 0 : num_tiles / 2;
   const int hi = half == 0 ? num_tiles / 2 : num_tiles;
   int32_t before = 0, total = 0;
+#pragma unroll 8
   for (int t = lo; t < hi; ++t) {
     const int32_t count = __ldcg(tile_counts + t * kDigits + d);
     total += count;
-    if (t < tile) before += count;
+    before += t < tile ? count : 0;
   }
   shared.tile_sums[half][0][d] = before;
   shared.tile_sums[half][1][d] = total;
@@ -105,25 +126,62 @@ __device__ __forceinline__ void place_tile(TileShared& shared, const int32_t* __
   __syncthreads();
 }
 
-// num_tiles tiles of kTileKeys entries over the sides * num_edges keys of edge_key (second side
+// One pass's writes of a tile's valid keys and their positions, ranked (ranks: each entry's place in
+// the tile's sorted order; the valid entries take places [0, valid)): each goes to shared memory at
+// its place, then thread i writes places i, i + kSortThreads, ..., whose keys of one digit go to
+// consecutive addresses.
+template <int KPT>
+__device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32_t (&keys)[KPT],
+                                           const int32_t (&positions)[KPT], const int (&ranks)[KPT], int first_entry,
+                                           int valid, KeyDigit digit, int32_t* __restrict__ out_keys,
+                                           int32_t* __restrict__ out_positions) {
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    if (first_entry + j * 32 < valid) shared.temp.sorted[ranks[j]] = static_cast<int32_t>(keys[j]);
+  }
+  __syncthreads();
+  int to[KPT];
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kSortThreads;
+    if (i < valid) {
+      const int32_t key = shared.temp.sorted[i];
+      to[j] = shared.digit_base[digit.Digit(static_cast<uint32_t>(key))] + i;
+      out_keys[to[j]] = key;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    if (first_entry + j * 32 < valid) shared.temp.sorted[ranks[j]] = positions[j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kSortThreads;
+    if (i < valid) out_positions[to[j]] = shared.temp.sorted[i];
+  }
+}
+
+// num_tiles tiles of tile_keys(KPT) entries over the sides * num_edges keys of edge_key (second side
 // from first.other_idx when sides is 2), block t sorting tile t; num_bits: the bits the largest key
 // needs (key_bits). Every resident block is launched: those past the tiles only wait at the syncs,
 // and all of them write the groupings.
-template <typename RowIdx, typename OtherIdx>
+template <int KPT, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kSortThreads, 1)
 cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
                             int num_tiles, SortBuffers buffers, TypedSide<OtherIdx> first,
                             TypedSide<RowIdx> second, RangeFlags range_flags) {
-  __shared__ TileShared shared;
+  __shared__ TileShared<KPT> shared;
   const cg::grid_group grid = cg::this_grid();
   const int tile = static_cast<int>(blockIdx.x);
   const bool sorts = tile < num_tiles;  // the same for the whole block
   const int64_t num_keys = static_cast<int64_t>(sides) * num_edges;
-  const int64_t tile_start = static_cast<int64_t>(tile) * kTileKeys;
-  const int valid = sorts ? static_cast<int>(min(num_keys - tile_start, static_cast<int64_t>(kTileKeys))) : 0;
-  // Warp-striped: item j of a lane is entry warp * kWarpKeys + j * 32 + lane of the tile, the
+  const int64_t tile_start = static_cast<int64_t>(tile) * tile_keys(KPT);
+  const int valid = sorts ? static_cast<int>(min(num_keys - tile_start, tile_keys(KPT))) : 0;
+  // Warp-striped: item j of a lane is entry warp * 32 * KPT + j * 32 + lane of the tile, the
   // order in which the rank counts, so keys of one digit keep their order (stable).
-  const int first_entry = static_cast<int>(threadIdx.x / 32) * kWarpKeys + static_cast<int>(threadIdx.x % 32);
+  const int first_entry = static_cast<int>(threadIdx.x / 32) * 32 * KPT + static_cast<int>(threadIdx.x % 32);
   const OtherIdx* second_idx = sides == 2 ? first.other_idx : nullptr;
   const int32_t num_rows = static_cast<int32_t>(first.num_rows);
   const int32_t num_second_rows = static_cast<int32_t>(first.num_other);
@@ -132,15 +190,15 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   for (int pass = 0; pass < passes; ++pass) {
     const int shift = pass * kDigitBits;
     const KeyDigit digit{static_cast<uint32_t>(shift), (1u << min(kDigitBits, num_bits - shift)) - 1};
-    uint32_t keys[kKeysPerThread];
-    int32_t positions[kKeysPerThread];
-    int ranks[kKeysPerThread];
+    uint32_t keys[KPT];
+    int32_t positions[KPT];
+    int ranks[KPT];
     if (sorts) {
       // Pass 0 reads the indices; pass p the keys and positions pass p - 1 wrote, past L1.
       const int32_t* in_keys = buffers.keys[(pass + 1) & 1] + tile_start;
       const int32_t* in_positions = buffers.positions[(pass + 1) & 1] + tile_start;
 #pragma unroll
-      for (int j = 0; j < kKeysPerThread; ++j) {
+      for (int j = 0; j < KPT; ++j) {
         const int i = first_entry + j * 32;
         // Padding: the largest key, ranked after every real key of its digit and never written.
         keys[j] = ~0u;
@@ -159,16 +217,8 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
     grid.sync();
     if (sorts) {
       place_tile(shared, buffers.tile_counts, tile, num_tiles);
-      int32_t* out_keys = buffers.keys[pass & 1];
-      int32_t* out_positions = buffers.positions[pass & 1];
-#pragma unroll
-      for (int j = 0; j < kKeysPerThread; ++j) {
-        if (first_entry + j * 32 < valid) {
-          const int to = shared.digit_base[digit.Digit(keys[j])] + ranks[j];
-          out_keys[to] = static_cast<int32_t>(keys[j]);
-          out_positions[to] = positions[j];
-        }
-      }
+      write_tile(shared, keys, positions, ranks, first_entry, valid, digit, buffers.keys[pass & 1],
+                 buffers.positions[pass & 1]);
     }
     grid.sync();
   }
@@ -180,29 +230,42 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
                   static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
-template <typename RowIdx, typename OtherIdx>
-const void* kernel_for() {
-  return reinterpret_cast<const void*>(cooperative_grouping_kernel<RowIdx, OtherIdx>);
-}
-
-const void* kernel_for(IndexKind row_index, IndexKind other_index) {
-  const void* kernel = nullptr;
+// Calls f(kernel, row index, other index) with the kernel for the index types and keys_per_thread
+// (the indices: values of their types).
+template <typename F>
+void with_kernel(IndexKind row_index, IndexKind other_index, int keys_per_thread_, F&& f) {
   dispatch_index(row_index, [&](auto ri) {
-    dispatch_index(other_index, [&](auto oi) { kernel = kernel_for<decltype(ri), decltype(oi)>(); });
+    dispatch_index(other_index, [&](auto oi) {
+      using RowIdx = decltype(ri);
+      using OtherIdx = decltype(oi);
+      if (keys_per_thread_ == kSmallKeysPerThread) {
+        f(cooperative_grouping_kernel<kSmallKeysPerThread, RowIdx, OtherIdx>, ri, oi);
+      } else {
+        f(cooperative_grouping_kernel<kLargeKeysPerThread, RowIdx, OtherIdx>, ri, oi);
+      }
+    });
   });
-  return kernel;
 }
 
-// Blocks of the kernel the device holds at once: the grid of a cooperative launch.
+// Blocks of a kernel the device holds at once: the grid of a cooperative launch.
 int resident_blocks(const void* kernel) { return sm_count() * blocks_per_sm(kernel, kSortThreads); }
+
+int resident_blocks(IndexKind row_index, IndexKind other_index, int keys_per_thread_) {
+  int blocks = 0;
+  with_kernel(row_index, other_index, keys_per_thread_,
+              [&](auto kernel, auto, auto) { blocks = resident_blocks(reinterpret_cast<const void*>(kernel)); });
+  return blocks;
+}
 
 }  // namespace
 
 int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind other_index) {
   if (num_keys <= 0 || !cooperative_launch()) return 0;
-  const int64_t tiles = (num_keys + kTileKeys - 1) / kTileKeys;
-  return tiles <= kMaxTiles && tiles <= resident_blocks(kernel_for(row_index, other_index)) ? static_cast<int>(tiles)
-                                                                                           : 0;
+  for (const int kpt : {kSmallKeysPerThread, kLargeKeysPerThread}) {
+    const int64_t tiles = tiles_of(num_keys, kpt);
+    if (tiles <= kMaxTiles && tiles <= resident_blocks(row_index, other_index, kpt)) return static_cast<int>(tiles);
+  }
+  return 0;
 }
 
 int64_t cooperative_grouping_ints(int64_t num_keys, int tiles) {
@@ -218,18 +281,15 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
   SortBuffers buffers{{scratch, scratch + num_keys},
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
                       scratch + 4 * num_keys};
-  const int blocks = resident_blocks(kernel_for(row_index, first.other_index));
   cudaError_t status = cudaSuccess;
-  dispatch_index(row_index, [&](auto ri) {
-    dispatch_index(first.other_index, [&](auto oi) {
-      using RowIdx = decltype(ri);
-      using OtherIdx = decltype(oi);
-      // One side: the second is never read (sides is 1).
-      status = launch_cooperative(cooperative_grouping_kernel<RowIdx, OtherIdx>, blocks, kSortThreads, stream,
-                                  static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
-                                  key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
-                                  typed<RowIdx>(second == nullptr ? first : *second), range_flags);
-    });
+  with_kernel(row_index, first.other_index, keys_per_thread(num_keys, tiles), [&](auto kernel, auto ri, auto oi) {
+    using RowIdx = decltype(ri);
+    using OtherIdx = decltype(oi);
+    // One side: the second is never read (sides is 1).
+    status = launch_cooperative(kernel, resident_blocks(reinterpret_cast<const void*>(kernel)), kSortThreads, stream,
+                                static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
+                                key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
+                                typed<RowIdx>(second == nullptr ? first : *second), range_flags);
   });
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // a launch that could not start leaves nothing behind: the caller sorts with CUB
