@@ -50,47 +50,6 @@ __device__ __forceinline__ int32_t first_at_least(const int32_t* keys, int32_t n
   return lo;
 }
 
-// The same, known to lie at or after `from`: steps of 1, 2, 4, ... from there, then a binary search
-// of the last step. A row's offset is a few keys past the row before's, in the same cache lines.
-__device__ __forceinline__ int32_t first_at_least_from(const int32_t* keys, int32_t num_keys, int32_t from,
-                                                       int64_t key) {
-  int32_t lo = from, hi = from;
-  for (int64_t step = 1; hi < num_keys && keys[hi] < key; step *= 2) {
-    lo = hi + 1;
-    hi = static_cast<int32_t>(min(static_cast<int64_t>(num_keys), hi + step));
-  }
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo) / 2;
-    if (keys[mid] < key) lo = mid + 1; else hi = mid;
-  }
-  return lo;
-}
-
-// Rows a thread takes at once when writing offsets: the first is searched, the others gallop.
-constexpr int kOffsetRun = 8;
-
-// offsets[r] for r in [0, num_rows]: the first of keys[0..num_keys) that is >= key_base + r. Runs of
-// kOffsetRun rows for runs start, start + stride, ... (of ceil((num_rows + 1) / kOffsetRun)). Rows
-// at or before the first key start at 0 and rows past the last at num_keys, unsearched: a batch's
-// rows without edges mostly lie past its last key (the last hop's nodes).
-__device__ __forceinline__ void write_offsets(const int32_t* keys, int32_t num_keys, int64_t key_base,
-                                              int64_t num_rows, int64_t* offsets, int64_t start, int64_t stride) {
-  const int64_t runs = (num_rows + kOffsetRun) / kOffsetRun;
-  if (start >= runs) return;
-  const int64_t first_row = num_keys > 0 ? keys[0] - key_base : num_rows + 1;
-  const int64_t last_row = num_keys > 0 ? keys[num_keys - 1] - key_base : -1;
-  for (int64_t run = start; run < runs; run += stride) {
-    const int64_t end = min(num_rows + 1, (run + 1) * kOffsetRun);
-    int32_t at = -1;  // the row before's offset, once searched
-    for (int64_t r = run * kOffsetRun; r < end; ++r) {
-      if (r <= first_row) at = 0;
-      else if (r > last_row) at = num_keys;
-      else at = at < 0 ? first_at_least(keys, num_keys, key_base + r) : first_at_least_from(keys, num_keys, at, key_base + r);
-      offsets[r] = at;
-    }
-  }
-}
-
 // One side's outputs (GroupSide), its other ends typed.
 template <typename OtherIdx>
 struct TypedSide {
@@ -120,16 +79,17 @@ __device__ __forceinline__ bool group_entry(const TypedSide<OtherIdx>& side, int
   return !other_in;
 }
 
-// The groupings from the sorted keys and positions (sides * num_edges of each; sides 1 or 2: entries
-// [0, num_edges) are the first side's, [num_edges, 2 num_edges) the second's, whose keys start at
-// first.num_rows + 1), for threads start, start + stride, ... of a grid, every thread of each block
-// (range_flags are set once per block). Not __restrict__: the cooperative kernel wrote them itself,
-// so they must not be read through the read-only path.
+// The groupings' entries (order, row_other) from the sorted keys and positions (sides * num_edges of
+// each; sides 1 or 2: entries [0, num_edges) are the first side's, [num_edges, 2 num_edges) the
+// second's, whose keys start at first.num_rows + 1) and the range flags, for threads start, start +
+// stride, ... of a grid, every thread of each block (range_flags are set once per block). Not
+// __restrict__: the cooperative kernel wrote them itself, so they must not be read through the
+// read-only path.
 template <typename FirstOther, typename SecondOther>
-__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
-                                                int sides, const TypedSide<FirstOther>& first,
-                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
-                                                int64_t start, int64_t stride) {
+__device__ __forceinline__ void write_entries(const int32_t* keys, const int32_t* positions, int32_t num_edges,
+                                              int sides, const TypedSide<FirstOther>& first,
+                                              const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                              int64_t start, int64_t stride) {
   // 64-bit counters: num_rows + 1 reaches 2**31.
   const int32_t second_base = static_cast<int32_t>(first.num_rows + 1);
   const int32_t row_out_key = static_cast<int32_t>(first.num_rows);  // out-of-range rows' key
@@ -153,13 +113,23 @@ __device__ __forceinline__ void write_groupings(const int32_t* keys, const int32
       if (any_other_out && range_flags.other_out != nullptr) *range_flags.other_out = 1;
     }
   }
-  // The second side's runs after the first's, in one grid-stride sequence.
-  const int64_t first_runs = (first.num_rows + kOffsetRun) / kOffsetRun;
-  write_offsets(keys, num_edges, 0, first.num_rows, first.offsets, start, stride);
-  if (sides == 2) {
-    const int64_t skipped = start >= first_runs ? 0 : (first_runs - start + stride - 1) / stride;
-    const int64_t second_start = start + skipped * stride - first_runs;
-    write_offsets(keys + num_edges, num_edges, second_base, second.num_rows, second.offsets, second_start, stride);
+}
+
+// The groupings' entries (write_entries), then each side's offsets by a binary search a row.
+template <typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
+                                                int sides, const TypedSide<FirstOther>& first,
+                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                                int64_t start, int64_t stride) {
+  write_entries(keys, positions, num_edges, sides, first, second, range_flags, start, stride);
+  const int64_t first_offsets = first.num_rows + 1;
+  const int64_t num_offsets = first_offsets + (sides == 2 ? second.num_rows + 1 : 0);
+  for (int64_t r = start; r < num_offsets; r += stride) {
+    if (r < first_offsets) {
+      first.offsets[r] = first_at_least(keys, num_edges, r);
+    } else {
+      second.offsets[r - first_offsets] = first_at_least(keys + num_edges, num_edges, r);
+    }
   }
 }
 
