@@ -64,6 +64,12 @@ struct SortBuffers {
   int32_t* block_maxes;  // [grid]: the largest of each block's run of key_ends
 };
 
+// Key spaces up to which the offsets come from a scan of key_ends (scan_offsets), beyond the keys'
+// count: past it, rows far outnumber edges, and the binary searches cost less than the buffer.
+constexpr int64_t kScanSlack = 1 << 20;
+
+bool scans_offsets(int64_t num_keys, int64_t key_space) { return key_space <= 4 * num_keys + kScanSlack; }
+
 struct MaxOp {
   __device__ __forceinline__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
 };
@@ -213,8 +219,10 @@ __device__ __forceinline__ void scan_offsets(TileShared<KPT>& shared, const Sort
 
 // num_tiles tiles of tile_keys(KPT) entries over the sides * num_edges keys of edge_key (second side
 // from first.other_idx when sides is 2), block t sorting tile t; num_bits: the bits the largest key
-// needs (key_bits). Every resident block is launched: those past the tiles only wait at the syncs,
-// and all of them write the groupings.
+// needs (key_bits); key_space: the keys' range (max key + 1) where the offsets come from
+// scan_offsets (buffers.key_ends then holds that many entries), else 0 (binary searches). Every
+// resident block is launched: those past the tiles only wait at the syncs, and all of them write the
+// groupings.
 template <int KPT, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kSortThreads, 1)
 cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
@@ -271,7 +279,7 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
     if (sorts) {
       place_tile(shared, buffers.tile_counts, tile, num_tiles);
       write_tile(shared, keys, positions, ranks, first_entry, valid, digit, buffers.keys[pass & 1],
-                 buffers.positions[pass & 1], pass + 1 == passes ? buffers.key_ends : nullptr);
+                 buffers.positions[pass & 1], pass + 1 == passes && key_space > 0 ? buffers.key_ends : nullptr);
     }
     grid.sync();
   }
@@ -279,7 +287,11 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   const int sorted = (passes + 1) & 1;
   write_entries(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second, range_flags, thread,
                 threads);
-  scan_offsets(shared, buffers, key_space, num_edges, first, second, grid, (key_space + gridDim.x - 1) / gridDim.x);
+  if (key_space > 0) {  // the same for the whole grid
+    scan_offsets(shared, buffers, key_space, num_edges, first, second, grid, (key_space + gridDim.x - 1) / gridDim.x);
+  } else {
+    write_searched_offsets(buffers.keys[sorted], num_edges, sides, first, second, thread, threads);
+  }
 }
 
 // Calls f(kernel, row index, other index) with the kernel for the index types and keys_per_thread
@@ -322,8 +334,9 @@ int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind 
 
 int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, int64_t key_space, IndexKind row_index,
                                   IndexKind other_index) {
-  return 4 * num_keys + static_cast<int64_t>(tiles) * kDigits + key_space +
-         resident_blocks(row_index, other_index, keys_per_thread(num_keys, tiles));
+  const int64_t ints = 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+  if (!scans_offsets(num_keys, key_space)) return ints;
+  return ints + key_space + resident_blocks(row_index, other_index, keys_per_thread(num_keys, tiles));
 }
 
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
@@ -345,7 +358,8 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
     // One side: the second is never read (sides is 1).
     status = launch_cooperative(kernel, resident_blocks(reinterpret_cast<const void*>(kernel)), kSortThreads, stream,
                                 static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
-                                key_bits(max_key), tiles, max_key + 1, buffers, typed<OtherIdx>(first),
+                                key_bits(max_key), tiles, scans_offsets(num_keys, max_key + 1) ? max_key + 1 : 0,
+                                buffers, typed<OtherIdx>(first),
                                 typed<RowIdx>(second == nullptr ? first : *second), range_flags);
   });
   if (status != cudaSuccess) {

@@ -115,13 +115,12 @@ __device__ __forceinline__ void write_entries(const int32_t* keys, const int32_t
   }
 }
 
-// The groupings' entries (write_entries), then each side's offsets by a binary search a row.
+// Each side's offsets from the sorted keys, by a binary search a row.
 template <typename FirstOther, typename SecondOther>
-__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
-                                                int sides, const TypedSide<FirstOther>& first,
-                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
-                                                int64_t start, int64_t stride) {
-  write_entries(keys, positions, num_edges, sides, first, second, range_flags, start, stride);
+__device__ __forceinline__ void write_searched_offsets(const int32_t* keys, int32_t num_edges, int sides,
+                                                       const TypedSide<FirstOther>& first,
+                                                       const TypedSide<SecondOther>& second, int64_t start,
+                                                       int64_t stride) {
   const int64_t first_offsets = first.num_rows + 1;
   const int64_t num_offsets = first_offsets + (sides == 2 ? second.num_rows + 1 : 0);
   for (int64_t r = start; r < num_offsets; r += stride) {
@@ -131,6 +130,16 @@ __device__ __forceinline__ void write_groupings(const int32_t* keys, const int32
       second.offsets[r - first_offsets] = first_at_least(keys + num_edges, num_edges, r);
     }
   }
+}
+
+// The groupings' entries (write_entries), then each side's offsets (write_searched_offsets).
+template <typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
+                                                int sides, const TypedSide<FirstOther>& first,
+                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                                int64_t start, int64_t stride) {
+  write_entries(keys, positions, num_edges, sides, first, second, range_flags, start, stride);
+  write_searched_offsets(keys, num_edges, sides, first, second, start, stride);
 }
 
 }  // namespace edgedot
