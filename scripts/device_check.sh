@@ -5,8 +5,8 @@
 # ./device_out).
 #
 #   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel ab
-#                                            profile pyg (default: all but wheel, ab, profile and
-#                                            pyg, in that order)
+#                                            profile pyg grouping (default: all but wheel, ab,
+#                                            profile, pyg and grouping, in that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
@@ -119,6 +119,15 @@ for stage in $stages; do
       python3 -m pytest -v tests/test_pyg_suite.py -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pyg_suite.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pyg_suite.log" | head -n 20
       tail -n 1 "$OUT/pyg_suite.log" ;;
+    grouping)
+      # The one-launch grouping alone: timed and checked on a mini-batch (scripts/grouping_time.cu),
+      # then a workload of groupings under memcheck, racecheck and synccheck.
+      nvcc -std=c++17 -O3 -arch=sm_90 -Iedgedot/csrc -o /tmp/grouping_time scripts/grouping_time.cu &&
+        /tmp/grouping_time 2>&1 | tee "$OUT/grouping_time.log"
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/grouping_sanitize.py 2>&1 \
+          | tee "$OUT/sanitizer_grouping_$tool.log" | tail -n 2
+      done ;;
     profile)
       # A training step on fresh mini-batches: kernels, device time and host waits per call.
       python3 scripts/profile_minibatch.py --kernels --json "$OUT/profile.json" ${PROFILE_ARGS:-} 2>&1 \

@@ -116,6 +116,20 @@ def test_tile_edges_and_past_the_one_launch_sort(num_keys, both):
     (_check_both if both else _check)(row_idx, other_idx, 70000, NUM_OTHER)
 
 
+
+@requires_cuda
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
+@pytest.mark.parametrize("num_rows", [1000, 2**20 + 5000, 2**26])
+def test_offsets_scanned_or_searched(num_rows, both):
+    """The one-launch sort's offsets: a scan of the keys' ends where the rows are few against the
+    keys (up to 4 x the keys + 2**20 of key space), binary searches past that; rows before the
+    first key, between keys and past the last, and out-of-range rows."""
+    g = gen(num_rows + both)
+    rows = torch.randint(0, min(num_rows, 3000), (4000,), generator=g) * (num_rows // 3000 + 1)
+    rows[::50] = num_rows + 7
+    others = torch.randint(0, NUM_OTHER, (4000,), generator=g)
+    (_check_both if both else _check)(rows.cuda(), others.cuda(), num_rows, NUM_OTHER)
+
 @requires_cuda
 def test_a_mini_batch_groups_in_one_launch():
     """A sampled batch's groupings (both sides) take one kernel; a batch past the one-launch sort's

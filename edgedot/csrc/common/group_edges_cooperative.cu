@@ -60,6 +60,18 @@ struct SortBuffers {
   int32_t* keys[2];  // a pass reads one buffer and writes the other
   int32_t* positions[2];
   int32_t* tile_counts;  // [tiles][kDigits]: the keys of each digit in each tile, this pass
+  int32_t* key_ends;     // [key space]: 1 + the last sorted place of each key, 0 for a key without one
+  int32_t* block_maxes;  // [grid]: the largest of each block's run of key_ends
+};
+
+// Key spaces up to which the offsets come from a scan of key_ends (scan_offsets), beyond the keys'
+// count: past it, rows far outnumber edges, and the binary searches cost less than the buffer.
+constexpr int64_t kScanSlack = 1 << 20;
+
+bool scans_offsets(int64_t num_keys, int64_t key_space) { return key_space <= 4 * num_keys + kScanSlack; }
+
+struct MaxOp {
+  __device__ __forceinline__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
 };
 
 // A block's shared memory: the rank's, the scan's and the tile's keys (or positions) in sorted
@@ -129,12 +141,13 @@ __device__ __forceinline__ void place_tile(TileShared<KPT>& shared, const int32_
 // One pass's writes of a tile's valid keys and their positions, ranked (ranks: each entry's place in
 // the tile's sorted order; the valid entries take places [0, valid)): each goes to shared memory at
 // its place, then thread i writes places i, i + kSortThreads, ..., whose keys of one digit go to
-// consecutive addresses.
+// consecutive addresses. In the last pass (key_ends not null) equal keys lie next to each other in
+// the tile's sorted order, and the last of each run raises its key's end to its place + 1.
 template <int KPT>
 __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32_t (&keys)[KPT],
                                            const int32_t (&positions)[KPT], const int (&ranks)[KPT], int first_entry,
                                            int valid, KeyDigit digit, int32_t* __restrict__ out_keys,
-                                           int32_t* __restrict__ out_positions) {
+                                           int32_t* __restrict__ out_positions, int32_t* key_ends) {
 #pragma unroll
   for (int j = 0; j < KPT; ++j) {
     if (first_entry + j * 32 < valid) shared.temp.sorted[ranks[j]] = static_cast<int32_t>(keys[j]);
@@ -148,6 +161,9 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
       const int32_t key = shared.temp.sorted[i];
       to[j] = shared.digit_base[digit.Digit(static_cast<uint32_t>(key))] + i;
       out_keys[to[j]] = key;
+      if (key_ends != nullptr && (i + 1 == valid || shared.temp.sorted[i + 1] != key)) {
+        atomicMax(key_ends + key, to[j] + 1);
+      }
     }
   }
   __syncthreads();
@@ -163,14 +179,54 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
   }
 }
 
+// Each side's offsets from key_ends, after the sort: the offset of key k (the first sorted place
+// whose key is >= k) is the largest end of the keys below k, an exclusive max-scan over the key
+// space (each block scans its run, after the largest of the runs before it). No search per row, and
+// a gap of rows without edges costs what any rows cost. The second side's places count from
+// num_edges.
+template <int KPT, typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void scan_offsets(TileShared<KPT>& shared, const SortBuffers& buffers, int64_t key_space,
+                                             int32_t num_edges, const TypedSide<FirstOther>& first,
+                                             const TypedSide<SecondOther>& second, const cg::grid_group& grid,
+                                             int64_t run) {
+  const int64_t begin = min(key_space, static_cast<int64_t>(blockIdx.x) * run);
+  const int64_t end = min(key_space, begin + run);
+  int32_t own = 0;
+  for (int64_t k = begin + threadIdx.x; k < end; k += kSortThreads) own = max(own, __ldcg(buffers.key_ends + k));
+  int32_t unused, run_max;
+  DigitScan(shared.temp.scan).ExclusiveScan(own, unused, 0, MaxOp{}, run_max);
+  if (threadIdx.x == 0) buffers.block_maxes[blockIdx.x] = run_max;
+  grid.sync();
+  int32_t earlier = 0;
+  for (unsigned b = threadIdx.x; b < blockIdx.x; b += kSortThreads) earlier = max(earlier, __ldcg(buffers.block_maxes + b));
+  int32_t carry;
+  __syncthreads();  // (the scan's storage is used again)
+  DigitScan(shared.temp.scan).ExclusiveScan(earlier, unused, 0, MaxOp{}, carry);
+  const int64_t first_keys = first.num_rows + 1;
+  for (int64_t tile = begin; tile < end; tile += kSortThreads) {
+    const int64_t k = tile + threadIdx.x;
+    const int32_t e = k < end ? __ldcg(buffers.key_ends + k) : 0;
+    int32_t before, tile_max;
+    __syncthreads();
+    DigitScan(shared.temp.scan).ExclusiveScan(e, before, carry, MaxOp{}, tile_max);
+    if (k < end) {
+      if (k < first_keys) first.offsets[k] = before;
+      else second.offsets[k - first_keys] = before - num_edges;
+    }
+    carry = max(carry, tile_max);
+  }
+}
+
 // num_tiles tiles of tile_keys(KPT) entries over the sides * num_edges keys of edge_key (second side
 // from first.other_idx when sides is 2), block t sorting tile t; num_bits: the bits the largest key
-// needs (key_bits). Every resident block is launched: those past the tiles only wait at the syncs,
-// and all of them write the groupings.
+// needs (key_bits); key_space: the keys' range (max key + 1) where the offsets come from
+// scan_offsets (buffers.key_ends then holds that many entries), else 0 (binary searches). Every
+// resident block is launched: those past the tiles only wait at the syncs, and all of them write the
+// groupings.
 template <int KPT, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kSortThreads, 1)
 cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
-                            int num_tiles, SortBuffers buffers, TypedSide<OtherIdx> first,
+                            int num_tiles, int64_t key_space, SortBuffers buffers, TypedSide<OtherIdx> first,
                             TypedSide<RowIdx> second, RangeFlags range_flags) {
   __shared__ TileShared<KPT> shared;
   const cg::grid_group grid = cg::this_grid();
@@ -185,6 +241,11 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   const OtherIdx* second_idx = sides == 2 ? first.other_idx : nullptr;
   const int32_t num_rows = static_cast<int32_t>(first.num_rows);
   const int32_t num_second_rows = static_cast<int32_t>(first.num_other);
+
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Ordered before the last pass's raises by the syncs between.
+  for (int64_t k = thread; k < key_space; k += threads) buffers.key_ends[k] = 0;
 
   const int passes = (num_bits + kDigitBits - 1) / kDigitBits;
   for (int pass = 0; pass < passes; ++pass) {
@@ -218,16 +279,19 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
     if (sorts) {
       place_tile(shared, buffers.tile_counts, tile, num_tiles);
       write_tile(shared, keys, positions, ranks, first_entry, valid, digit, buffers.keys[pass & 1],
-                 buffers.positions[pass & 1]);
+                 buffers.positions[pass & 1], pass + 1 == passes && key_space > 0 ? buffers.key_ends : nullptr);
     }
     grid.sync();
   }
-  // Plain loads (the grid sync orders them after every block's writes), through L1: the binary
-  // searches reuse the top of their trees.
+  // Plain loads: the grid sync orders them after every block's writes.
   const int sorted = (passes + 1) & 1;
-  write_groupings(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second, range_flags,
-                  static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
-                  static_cast<int64_t>(gridDim.x) * blockDim.x);
+  write_entries(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second, range_flags, thread,
+                threads);
+  if (key_space > 0) {  // the same for the whole grid
+    scan_offsets(shared, buffers, key_space, num_edges, first, second, grid, (key_space + gridDim.x - 1) / gridDim.x);
+  } else {
+    write_searched_offsets(buffers.keys[sorted], num_edges, sides, first, second, thread, threads);
+  }
 }
 
 // Calls f(kernel, row index, other index) with the kernel for the index types and keys_per_thread
@@ -268,8 +332,11 @@ int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind 
   return 0;
 }
 
-int64_t cooperative_grouping_ints(int64_t num_keys, int tiles) {
-  return 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, int64_t key_space, IndexKind row_index,
+                                  IndexKind other_index) {
+  const int64_t ints = 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+  if (!scans_offsets(num_keys, key_space)) return ints;
+  return ints + key_space + resident_blocks(row_index, other_index, keys_per_thread(num_keys, tiles));
 }
 
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
@@ -278,9 +345,12 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
   const int sides = second == nullptr ? 1 : 2;
   const int64_t num_keys = sides * num_edges;
   const int64_t max_key = second == nullptr ? first.num_rows : first.num_rows + 1 + first.num_other;
+  int32_t* key_ends = scratch + 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
   SortBuffers buffers{{scratch, scratch + num_keys},
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
-                      scratch + 4 * num_keys};
+                      scratch + 4 * num_keys,
+                      key_ends,
+                      key_ends + max_key + 1};
   cudaError_t status = cudaSuccess;
   with_kernel(row_index, first.other_index, keys_per_thread(num_keys, tiles), [&](auto kernel, auto ri, auto oi) {
     using RowIdx = decltype(ri);
@@ -288,7 +358,8 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
     // One side: the second is never read (sides is 1).
     status = launch_cooperative(kernel, resident_blocks(reinterpret_cast<const void*>(kernel)), kSortThreads, stream,
                                 static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
-                                key_bits(max_key), tiles, buffers, typed<OtherIdx>(first),
+                                key_bits(max_key), tiles, scans_offsets(num_keys, max_key + 1) ? max_key + 1 : 0,
+                                buffers, typed<OtherIdx>(first),
                                 typed<RowIdx>(second == nullptr ? first : *second), range_flags);
   });
   if (status != cudaSuccess) {

@@ -79,16 +79,17 @@ __device__ __forceinline__ bool group_entry(const TypedSide<OtherIdx>& side, int
   return !other_in;
 }
 
-// The groupings from the sorted keys and positions (sides * num_edges of each; sides 1 or 2: entries
-// [0, num_edges) are the first side's, [num_edges, 2 num_edges) the second's, whose keys start at
-// first.num_rows + 1), for threads start, start + stride, ... of a grid, every thread of each block
-// (range_flags are set once per block). Not __restrict__: the cooperative kernel wrote them itself,
-// so they must not be read through the read-only path.
+// The groupings' entries (order, row_other) from the sorted keys and positions (sides * num_edges of
+// each; sides 1 or 2: entries [0, num_edges) are the first side's, [num_edges, 2 num_edges) the
+// second's, whose keys start at first.num_rows + 1) and the range flags, for threads start, start +
+// stride, ... of a grid, every thread of each block (range_flags are set once per block). Not
+// __restrict__: the cooperative kernel wrote them itself, so they must not be read through the
+// read-only path.
 template <typename FirstOther, typename SecondOther>
-__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
-                                                int sides, const TypedSide<FirstOther>& first,
-                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
-                                                int64_t start, int64_t stride) {
+__device__ __forceinline__ void write_entries(const int32_t* keys, const int32_t* positions, int32_t num_edges,
+                                              int sides, const TypedSide<FirstOther>& first,
+                                              const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                              int64_t start, int64_t stride) {
   // 64-bit counters: num_rows + 1 reaches 2**31.
   const int32_t second_base = static_cast<int32_t>(first.num_rows + 1);
   const int32_t row_out_key = static_cast<int32_t>(first.num_rows);  // out-of-range rows' key
@@ -112,6 +113,14 @@ __device__ __forceinline__ void write_groupings(const int32_t* keys, const int32
       if (any_other_out && range_flags.other_out != nullptr) *range_flags.other_out = 1;
     }
   }
+}
+
+// Each side's offsets from the sorted keys, by a binary search a row.
+template <typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void write_searched_offsets(const int32_t* keys, int32_t num_edges, int sides,
+                                                       const TypedSide<FirstOther>& first,
+                                                       const TypedSide<SecondOther>& second, int64_t start,
+                                                       int64_t stride) {
   const int64_t first_offsets = first.num_rows + 1;
   const int64_t num_offsets = first_offsets + (sides == 2 ? second.num_rows + 1 : 0);
   for (int64_t r = start; r < num_offsets; r += stride) {
@@ -121,6 +130,16 @@ __device__ __forceinline__ void write_groupings(const int32_t* keys, const int32
       second.offsets[r - first_offsets] = first_at_least(keys + num_edges, num_edges, r);
     }
   }
+}
+
+// The groupings' entries (write_entries), then each side's offsets (write_searched_offsets).
+template <typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void write_groupings(const int32_t* keys, const int32_t* positions, int32_t num_edges,
+                                                int sides, const TypedSide<FirstOther>& first,
+                                                const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                                int64_t start, int64_t stride) {
+  write_entries(keys, positions, num_edges, sides, first, second, range_flags, start, stride);
+  write_searched_offsets(keys, num_edges, sides, first, second, start, stride);
 }
 
 }  // namespace edgedot
