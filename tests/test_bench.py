@@ -240,3 +240,36 @@ def test_quick_run_edge_attention(quick_report):
             continue
         assert record[section]["anemoi"]["status"] == "n/a"
     assert "Attention with edge features, forward + backward" in stdout
+
+
+def test_rounds_take_every_path_in_turn():
+    """With rounds, a section checks and warms up every path first, then times them in turns, each
+    for its share of the reps; a path that misses its check, a broken and an inapplicable one get
+    their status and stop no other."""
+    from edgedot.bench.timing import QUICK, BenchPath, HostClock, NotApplicable, run_section
+
+    calls = []
+
+    def maker(name, error=0.0):
+        def call(i):
+            calls.append(name)
+            return torch.zeros(1)
+        return lambda: BenchPath(call, lambda out: error)
+
+    def broken():
+        raise RuntimeError("no such kernel")
+
+    def absent():
+        raise NotApplicable("not installed")
+
+    makers = {"a": maker("a"), "wrong": maker("wrong", error=1.0), "b": maker("b"), "broken": broken,
+              "absent": absent}
+    settings = replace(QUICK, min_reps=8, max_reps=8)
+    results = run_section("section", makers, 1000, None, baselines=("a",), rounds=4, tolerance=1e-3, num_sets=1,
+                          clock=HostClock(), settings=settings)
+    assert [results[n]["status"] for n in ("wrong", "broken", "absent")] == ["FAIL", "ERR", "n/a"]
+    for name in ("a", "b"):
+        assert results[name]["status"] == "ok" and results[name]["reps"] == 8 and len(results[name]["times_us"]) == 8
+    assert results["a"]["vs_a"] == 1.0 and results["b"]["vs_a"] > 0
+    assert calls[-16:] == (["a"] * 2 + ["b"] * 2) * 4
+    assert "wrong" not in calls[calls.index("b"):]  # the failed path is never timed

@@ -79,6 +79,10 @@ Timing
     ``[min_reps, max_reps]``, times ``--reps-scale``). Calls rotate through several input sets
     (features, indices and ``grad_out`` drawn anew) until together they exceed twice the L2
     cache, so a small case is not timed out of the cache; a case larger than that uses one set.
+    Each path of a section is timed after the one before, except in the mini-batch cases (a new
+    graph every call, times bound by the host): there every path is checked and warmed up first,
+    then all are timed in ``FRESH_GRAPH_ROUNDS`` rounds, each round taking every path in turn for
+    its share of the calls, so that the host's drift falls on all paths alike.
     "Kernel time alone" (the ``default`` case; eager, compile, edgedot): ``CALLS_PER_GRAPH``
     forward calls are captured in one ``torch.cuda.CUDAGraph`` and the replays are timed; the
     time per call is a replay's divided by ``CALLS_PER_GRAPH``. "cold": the calls rotate

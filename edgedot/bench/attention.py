@@ -18,7 +18,7 @@ import edgedot
 from .attention_check import LINEARS, expected_attention, rows_error, unfused_attention, weights_error
 from .cases import ATTN_FORWARD, ATTN_FORWARD_BACKWARD, QUICK_EDGES, TOLERANCE, dtype_name, rotating_sets
 from .graphs import rmat_edges, sorted_by_src, uniform_edges
-from .timing import BenchPath, NotApplicable, progress, relative_error, run_section
+from .timing import FRESH_GRAPH_ROUNDS, BenchPath, NotApplicable, progress, relative_error, run_section
 
 GB = 10**9
 
@@ -404,7 +404,7 @@ def run_attention_case(case, device, clock, settings, with_backward, bandwidths)
               "check": check.describe(), "bytes": {ATTN_FORWARD: moved, ATTN_FORWARD_BACKWARD: moved_both},
               "bound_us": bound_us, "forward_backward_bound_us": 1e6 * moved_both / copy_bw if copy_bw else None}
     options = dict(tolerance=TOLERANCE[case.dtype], num_sets=len(sets), clock=clock, settings=settings,
-                   baselines=("compile", "pyg", "turbo"))
+                   baselines=("compile", "pyg", "turbo"), rounds=FRESH_GRAPH_ROUNDS if case.fresh_graph else 1)
     torch._dynamo.reset()
     compiled = torch.compile(unfused_attention, dynamic=False)
     record[ATTN_FORWARD] = run_section("attention forward", attention_paths(case, sets, check, compiled, weights,

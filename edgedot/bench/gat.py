@@ -29,7 +29,7 @@ from .attention import (MINIBATCHES, SMALL, AttentionCase, PathMaker, make_atten
                         shrunk_attention)
 from .attention_check import masked, sampled_subgraph, summed_rows
 from .cases import GAT_FORWARD, GAT_FORWARD_BACKWARD, TOLERANCE, rotating_sets
-from .timing import NotApplicable, progress, run_section
+from .timing import FRESH_GRAPH_ROUNDS, NotApplicable, progress, run_section
 
 __all__ = ["GATCase", "GAT_CASES", "run_gat_case", "shrunk_gat", "add_gat_power_law_ratios", "unfused_gat"]
 
@@ -329,7 +329,7 @@ def run_gat_case(case, device, clock, settings, with_backward, bandwidths):
               "bytes": {GAT_FORWARD: moved, GAT_FORWARD_BACKWARD: moved_both}, "bound_us": bound_us,
               "forward_backward_bound_us": both_bound_us}
     options = dict(tolerance=TOLERANCE[case.dtype], num_sets=len(sets), clock=clock, settings=settings,
-                   baselines=("compile", "pyg", "turbo"))
+                   baselines=("compile", "pyg", "turbo"), rounds=FRESH_GRAPH_ROUNDS if case.fresh_graph else 1)
     torch._dynamo.reset()
     compiled = torch.compile(unfused_gat, dynamic=False)
     record[GAT_FORWARD] = run_section(f"{case.conv} forward", gat_paths(case, sets, check, compiled, weights, att,

@@ -36,6 +36,10 @@ class Settings:
 # Host-bound calls of tens of microseconds vary from call to call (two modes on the H200's host):
 # up to 2000 of them make a stable median in well under a second.
 FULL = Settings(target_s=0.25, min_reps=10, max_reps=2000, max_sets=128, copy_bytes=2 * 2**30)
+# Rounds of a section whose calls get a new graph each (run_section): their times are the host's,
+# whose speed drifted within a section by up to 1.5x on the H200's hosts (2026-12-05: one call's
+# quarters of reps 610, 506, 540 and 524 µs, the same computation as a later path 398-399).
+FRESH_GRAPH_ROUNDS = 8
 QUICK = Settings(target_s=0.01, min_reps=3, max_reps=10, max_sets=4, copy_bytes=64 * 2**20)
 
 
@@ -196,36 +200,48 @@ class BenchPath:
     strict: bool = True                           # False: timed even above the tolerance (a baseline)
 
 
-def measure(path, tolerance, num_sets, clock, settings, calls_per_run=1, with_peak=True):
-    """Checks ``path`` on input set 0, then times it; ``calls_per_run`` ops run in each call."""
+def prepare(path, tolerance, num_sets, clock, settings, with_peak=True):
+    """Checks ``path`` on input set 0, measures its peak extra memory and warms it up: ``(result, reps)``,
+    the result without its times (status FAIL, and no reps, where a strict path misses the
+    tolerance) and the reps its timing takes."""
     path.reset(0)
     error = path.check() if path.check is not None else path.error_of(path.call(0))
     inaccurate = not error <= tolerance
     if inaccurate and path.strict:
-        return {"status": "FAIL", "rel_err": error}
+        return {"status": "FAIL", "rel_err": error}, 0
     peak = clock.peak_extra_bytes(path.call, path.reset) if with_peak else None
     warm_up = clock.time_calls(path.call, max(3, num_sets), num_sets, path.reset)
-    reps = settings.reps_for(statistics.median(warm_up))
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        times = clock.time_calls(path.call, reps, num_sets, path.reset)
-    times_us = [1e6 * t / calls_per_run for t in times]
-    result = {"status": "ok", "median_us": statistics.median(times_us), "reps": reps, "rel_err": error,
-              "peak_extra_bytes": peak, "bytes_moved": path.bytes_moved, "num_edges": path.num_edges,
-              "times_us": times_us}
+    result = {"status": "ok", "rel_err": error, "peak_extra_bytes": peak, "bytes_moved": path.bytes_moved,
+              "num_edges": path.num_edges}
     if inaccurate:
         result["inaccurate"] = True
-    return result
+    return result, settings.reps_for(statistics.median(warm_up))
 
 
-def run_path(make_path, num_sets, **measure_options):
-    """Builds the path and measures it; OOM, n/a and errors become a status instead of raising."""
+def timed(path, reps, num_sets, clock, calls_per_run=1):
+    """Microseconds of each of ``reps`` calls of ``path``, per op (``calls_per_run`` ops a call)."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        times = clock.time_calls(path.call, reps, num_sets, path.reset)
+    return [1e6 * t / calls_per_run for t in times]
+
+
+def with_times(result, times_us):
+    """``result`` completed with its times and their median."""
+    return dict(result, median_us=statistics.median(times_us), reps=len(times_us), times_us=times_us)
+
+
+def measure(path, tolerance, num_sets, clock, settings, calls_per_run=1, with_peak=True):
+    """Checks ``path`` on input set 0, then times it; ``calls_per_run`` ops run in each call."""
+    result, reps = prepare(path, tolerance, num_sets, clock, settings, with_peak)
+    if result["status"] != "ok":
+        return result
+    return with_times(result, timed(path, reps, num_sets, clock, calls_per_run))
+
+
+def guarded(run):
+    """``run()``, or the status of what it raised: OOM, n/a and errors do not stop the other paths."""
     try:
-        path = make_path()
-        try:
-            return measure(path, num_sets=num_sets, **measure_options)
-        finally:
-            for i in range(num_sets):
-                path.reset(i)
+        return run()
     except torch.OutOfMemoryError:
         return {"status": "OOM"}
     except NotApplicable as reason:
@@ -234,15 +250,71 @@ def run_path(make_path, num_sets, **measure_options):
         return {"status": "ERR", "message": first_line(error)}
 
 
+def run_path(make_path, num_sets, **measure_options):
+    """Builds the path and measures it; OOM, n/a and errors become a status instead of raising."""
+    def run():
+        path = make_path()
+        try:
+            return measure(path, num_sets=num_sets, **measure_options)
+        finally:
+            for i in range(num_sets):
+                path.reset(i)
+    return guarded(run)
+
+
 def run_section(label, path_makers, bytes_moved, copy_bw, baselines=("eager", "compile"), with_l2=False,
-                l2_bw=None, **measure_options):
-    """Runs every path of one section; see :func:`add_comparisons` for what is added."""
-    results = {}
-    for name, make_path in path_makers.items():
-        progress(f"  {label}: {name}")
-        results[name] = run_path(make_path, **measure_options)
-        release_memory()
+                l2_bw=None, rounds=1, **measure_options):
+    """Runs every path of one section; see :func:`add_comparisons` for what is added. With
+    ``rounds`` > 1 the paths are checked and warmed up one after the other, then timed in
+    ``rounds`` rounds that each take every path in turn for its share of the reps: the host's drift
+    over the section's seconds then falls on all paths alike, and the ratios between them hold
+    (host-bound calls, such as those on a new mini-batch every step)."""
+    if rounds > 1:
+        results = _interleaved(label, path_makers, rounds, **measure_options)
+    else:
+        results = {}
+        for name, make_path in path_makers.items():
+            progress(f"  {label}: {name}")
+            results[name] = run_path(make_path, **measure_options)
+            release_memory()
     add_comparisons(results, bytes_moved, copy_bw, baselines, with_l2, l2_bw)
+    return results
+
+
+def _interleaved(label, path_makers, rounds, tolerance, num_sets, clock, settings, calls_per_run=1,
+                 with_peak=True):
+    """The results of :func:`run_section` with its rounds (see there)."""
+    results, built, timing = {}, [], {}
+    try:
+        for name, make_path in path_makers.items():
+            progress(f"  {label}: {name}")
+
+            def check(make_path=make_path):
+                built.append(make_path())
+                return prepare(built[-1], tolerance, num_sets, clock, settings, with_peak)
+            outcome = guarded(check)
+            if isinstance(outcome, dict):
+                results[name] = outcome
+                continue
+            results[name], reps = outcome
+            if results[name]["status"] == "ok":
+                timing[name] = (built[-1], math.ceil(reps / rounds), [])
+        progress(f"  {label}: timed in {rounds} rounds")
+        for _ in range(rounds):
+            for name, (path, share, times) in list(timing.items()):
+                outcome = guarded(lambda: timed(path, share, num_sets, clock, calls_per_run))
+                if isinstance(outcome, dict):
+                    results[name] = outcome
+                    del timing[name]
+                else:
+                    times.extend(outcome)
+        for name, (_, _, times) in timing.items():
+            results[name] = with_times(results[name], times)
+    finally:
+        for path in built:
+            for i in range(num_sets):
+                path.reset(i)
+        release_memory()
     return results
 
 
