@@ -268,7 +268,9 @@ def run_section(label, path_makers, bytes_moved, copy_bw, baselines=("eager", "c
     ``rounds`` > 1 the paths are checked and warmed up one after the other, then timed in
     ``rounds`` rounds that each take every path in turn for its share of the reps: the host's drift
     over the section's seconds then falls on all paths alike, and the ratios between them hold
-    (host-bound calls, such as those on a new mini-batch every step)."""
+    (host-bound calls, such as those on a new mini-batch every step). With one round each path is
+    built, measured and released before the next, so that the large cases' paths (plans, peers'
+    adjacencies) never hold their memory at once."""
     if rounds > 1:
         results = _interleaved(label, path_makers, rounds, **measure_options)
     else:
