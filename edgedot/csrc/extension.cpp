@@ -29,6 +29,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
   m.def("linear_autograd", &edgedot::linear_autograd,
         "F.linear with a C++ autograd node whose bias gradient is column_sum (CUDA)");
+  m.def("linear_sides_autograd", &edgedot::linear_sides_autograd,
+        "linear_autograd split into `sides` equal column blocks (views), gradients joined without a copy where "
+        "they are one buffer's column blocks (CUDA)");
   m.def("add_bias_autograd", &edgedot::add_bias_autograd,
         "x + bias with a C++ autograd node whose bias gradient is column_sum (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");

@@ -212,6 +212,20 @@ class Projections(torch.nn.Module):
     def _eager_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return column_sum.linear(x, weight, bias)
 
+    def _linear_sides(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      sides: int) -> List[torch.Tensor]:
+        """``F.linear(x, weight, bias)`` split into ``sides`` equal column blocks ``[N, out / sides]``;
+        outside TorchScript by :func:`edgedot.ops.column_sum.linear_sides` (the attention ops'
+        gradients of the blocks reach the GEMM without a copy)."""
+        if torch.jit.is_scripting():
+            return torch.nn.functional.linear(x, weight, bias).view(x.size(0), sides, -1).unbind(1)
+        return self._eager_linear_sides(x, weight, bias, sides)
+
+    @torch.jit.unused
+    def _eager_linear_sides(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                            sides: int) -> List[torch.Tensor]:
+        return column_sum.linear_sides(x, weight, bias, sides)
+
     def _add_bias(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """``x + bias``; outside TorchScript with the bias's gradient as a column sum
         (:func:`edgedot.ops.column_sum.add_bias`)."""

@@ -251,11 +251,10 @@ class TransformerConv(Projections, MessagePassing):
                 bias: OptTensor = None
                 if self.lin_query.bias is not None:
                     bias = torch.cat([self.lin_query.bias, self.lin_key.bias, self.lin_value.bias])
-                # [N, 3, H, C]: q, k, v are strided views of the one projection. unbind, not three
-                # selects: its backward stacks the three gradients in one pass, where each select's
-                # would write a zeroed [N, 3, H, C] tensor and autograd would add the three.
-                qkv = self._linear(x_dst, weight, bias).view(-1, 3, heads, channels)
-                query, key, value = qkv.unbind(1)
+                # q, k, v: column blocks of the one projection ([N, 3, H, C]), whose gradients the
+                # op writes into one such buffer for the GEMMs' backward (_linear_sides).
+                query, key, value = [t.view(-1, heads, channels)
+                                     for t in self._linear_sides(x_dst, weight, bias, 3)]
             else:
                 query = self._linear(x_dst, self.lin_query.weight, self.lin_query.bias).view(-1, heads, channels)
                 key = self._linear(x_dst, self.lin_key.weight, self.lin_key.bias).view(-1, heads, channels)

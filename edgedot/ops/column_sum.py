@@ -6,7 +6,9 @@ the CPU PyTorch's own sum.
 ``edgedot::column_sum``   ``[width]`` in ``x``'s dtype, accumulated in float32 (float64 for float64).
 
 :func:`linear` and :func:`add_bias` are ``F.linear`` and ``x + bias`` whose bias gradient is such
-a sum; every other gradient is computed as PyTorch computes it.
+a sum; every other gradient is computed as PyTorch computes it. :func:`linear_sides` is
+:func:`linear` split into equal column blocks, whose gradients join without a copy where the
+attention ops wrote them into one buffer.
 """
 
 import torch
@@ -16,7 +18,7 @@ from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_float_tensor
 
-__all__ = ["column_sum", "linear", "add_bias"]
+__all__ = ["column_sum", "linear", "linear_sides", "add_bias"]
 
 _lib = torch.library.Library("edgedot", "FRAGMENT")
 _lib.define("column_sum(Tensor x) -> Tensor")
@@ -88,14 +90,38 @@ def add_bias(x, bias):
     return cuda_module().add_bias_autograd(x, bias)
 
 
-def linear(x, weight, bias=None):
-    """``F.linear(x, weight, bias)`` for a 2-D ``x``; under autocast ``x``, ``weight`` and ``bias`` are
-    cast as autocast casts them for ``F.linear``."""
-    if (x.dim() != 2 or not _tall(x, bias, weight) or not torch.is_grad_enabled() or not bias.requires_grad
-            or torch.float64 in (x.dtype, weight.dtype, bias.dtype)):
-        return F.linear(x, weight, bias)
+def _extension_linear(x, weight, bias):
+    """Whether :func:`linear` takes the extension's node (see :func:`_tall`)."""
+    return not (x.dim() != 2 or not _tall(x, bias, weight) or not torch.is_grad_enabled() or not bias.requires_grad
+                or torch.float64 in (x.dtype, weight.dtype, bias.dtype))
+
+
+def _autocast_args(x, weight, bias):
+    """``x``, ``weight`` and ``bias`` cast as autocast casts them for ``F.linear``."""
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+    return x, weight, bias
+
+
+def linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)`` for a 2-D ``x``; under autocast ``x``, ``weight`` and ``bias`` are
+    cast as autocast casts them for ``F.linear``."""
+    if not _extension_linear(x, weight, bias):
+        return F.linear(x, weight, bias)
+    x, weight, bias = _autocast_args(x, weight, bias)
     with torch.autocast(x.device.type, enabled=False):
         return cuda_module().linear_autograd(x, weight, bias)
+
+
+def linear_sides(x, weight, bias, sides):
+    """``F.linear(x, weight, bias)`` for a 2-D ``x`` split into ``sides`` equal column blocks: a list
+    of ``sides`` views ``[rows, out_features / sides]`` (the projections of one input by one GEMM).
+    Their gradients are the same as through ``unbind``; where they are the column blocks of one
+    buffer (as :func:`edgedot.graph_attention` and :func:`edgedot.gatv2_attention` write them for
+    such inputs) the GEMMs take that buffer without a copy."""
+    if not _extension_linear(x, weight, bias):
+        return list(F.linear(x, weight, bias).view(x.shape[0], sides, -1).unbind(1))
+    x, weight, bias = _autocast_args(x, weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return cuda_module().linear_sides_autograd(x, weight, bias, sides)

@@ -29,6 +29,34 @@ IndexKind index_kind(const at::Tensor& idx) { return idx.scalar_type() == at::kI
 
 }  // namespace
 
+bool packed_sides(std::initializer_list<at::Tensor> sides) {
+  const at::Tensor& first = *sides.begin();
+  if (first.dim() != 3 || first.numel() == 0) return false;
+  const int64_t count = static_cast<int64_t>(sides.size()), dim = first.size(2), width = first.size(1) * dim;
+  int64_t i = 0;
+  for (const at::Tensor& t : sides) {
+    if (t.sizes() != first.sizes() || t.scalar_type() != first.scalar_type() || t.stride(0) != count * width ||
+        t.stride(1) != dim || t.stride(2) != 1 || !t.storage().is_alias_of(first.storage()) ||
+        t.storage_offset() != first.storage_offset() + i * width) {
+      return false;
+    }
+    ++i;
+  }
+  return true;
+}
+
+std::vector<at::Tensor> packed_grads(const at::Tensor& like, int64_t sides) {
+  return at::empty({like.size(0), sides, like.size(1), like.size(2)}, like.options()).unbind(1);
+}
+
+namespace {
+thread_local bool packed_grads_scope = false;
+}  // namespace
+
+PackedGradsScope::PackedGradsScope() : outer_(packed_grads_scope) { packed_grads_scope = true; }
+PackedGradsScope::~PackedGradsScope() { packed_grads_scope = outer_; }
+bool PackedGradsScope::active() { return packed_grads_scope; }
+
 // A grouping built by edgedot.runtime.plan.build_side (group given), or edges given grouped by the rows of
 // row_idx with offsets their CSR pointer (group absent): position i is then edge i.
 AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, const at::Tensor& offsets,
@@ -260,6 +288,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     bool records, c10::optional<at::Tensor> scale_heads) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
+  const bool packed = kv_grad && PackedGradsScope::active() && packed_sides({q, k, v});
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
@@ -288,9 +317,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   }
   // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
-  at::Tensor dq = at::empty({num_dst, in.heads, in.dim}, q.options());
-  at::Tensor dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());
-  at::Tensor dv = kv_grad ? at::empty({num_src, in.heads, in.dim_v}, q.options()) : at::empty({0}, q.options());
+  at::Tensor dq, dk, dv;
+  if (packed) {
+    const std::vector<at::Tensor> sides = packed_grads(q, 3);
+    dq = sides[0];
+    dk = sides[1];
+    dv = sides[2];
+    args.grad_pack = 3;
+  } else {
+    dq = at::empty({num_dst, in.heads, in.dim}, q.options());
+    dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());
+    dv = kv_grad ? at::empty({num_src, in.heads, in.dim_v}, q.options()) : at::empty({0}, q.options());
+  }
   const std::vector<int64_t> d_edge_feat_shape =
       edge_feat_grad ? std::vector<int64_t>{num_edges, in.heads, in.dim} : std::vector<int64_t>{0};
   at::Tensor d_edge_feat = at::empty(d_edge_feat_shape, q.options());

@@ -48,6 +48,29 @@ std::vector<void*> attention_partials(std::initializer_list<PartialRows> parts, 
 at::Tensor backward_records(int64_t state_bytes, int64_t num_edges, int64_t heads, bool given_grouped,
                             const at::Tensor& q, cudaStream_t stream);
 
+// Whether `sides` are the consecutive sides of one [rows, sides, heads, dim] tensor, as a layer's
+// one projection GEMM unbinds them; and one buffer of that layout, of `like`'s dtype and device, as
+// its sides. Gradients written so reach the GEMM's backward without a copy
+// (linear_sides_autograd, common/linear_autograd.cpp).
+bool packed_sides(std::initializer_list<at::Tensor> sides);
+std::vector<at::Tensor> packed_grads(const at::Tensor& like, int64_t sides);
+
+// While one lives on a thread, the attention backwards there return the gradients of packed sides
+// (graph attention's q, k and v; GATv2's x_src and x_dst) packed the same way: the eager autograd
+// node's calls (attention/autograd.cpp), whose results only autograd sees. The registered ops never
+// do: an op's outputs must not alias one another.
+class PackedGradsScope {
+ public:
+  PackedGradsScope();
+  ~PackedGradsScope();
+  PackedGradsScope(const PackedGradsScope&) = delete;
+  PackedGradsScope& operator=(const PackedGradsScope&) = delete;
+  static bool active();
+
+ private:
+  bool outer_;
+};
+
 // ---- The extension's functions ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(

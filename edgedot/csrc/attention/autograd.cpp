@@ -87,6 +87,7 @@ struct AttentionFunction : torch::autograd::Function<Op> {
         std::tie(src_group, src_offsets) = group_edges(s[kSrcIdx], s[kDstIdx], Op::sources(s[kA], s[kB], s[kC]).size(0),
                                                        Op::destinations(s[kA], s[kB], s[kC]).size(0));
       }
+      const PackedGradsScope packed;  // the gradients go to autograd only
       grads_in = Op::kBackward(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse],
                                s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
                                s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],

@@ -290,6 +290,7 @@ struct MergeTarget {
   const accum_t<T>* part_ml;
   T* out;
   accum_t<T>* lse;
+  int pack = 1;  // a sum's out rows of heads x dim lie this many such rows apart (store_grad_row)
 };
 
 // The most sum merges one launch takes: a backward's (graph attention's dq, dk and dv; GAT's da_dst,
@@ -304,9 +305,9 @@ struct MergeList {
   MergeTarget<T> at[kMaxMerges];
   int count;
 
-  void add(const RowChunks& chunks, int64_t dim, const accum_t<T>* part, T* out) {
+  void add(const RowChunks& chunks, int64_t dim, const accum_t<T>* part, T* out, int pack = 1) {
     if (count == kMaxMerges) throw std::logic_error("edgedot: more sum merges than kMaxMerges");
-    at[count++] = MergeTarget<T>{chunks, static_cast<int>(dim), part, nullptr, out, nullptr};
+    at[count++] = MergeTarget<T>{chunks, static_cast<int>(dim), part, nullptr, out, nullptr, pack};
   }
 };
 

@@ -133,13 +133,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward_run(
 // datt [H, C] and edge_grad [E, H, C]; what a model lacks, what is not wanted (edge_grad without
 // edge_grad_wanted, dx and da_src without src_grad), are empty [0] tensors. The dst pass writes
 // delta and the dst and edge gradients, the src pass (src_grad only) dx and da_src. With dropout,
-// rng_state is the forward's.
+// rng_state is the forward's. packed (GATv2 with src_grad): dx and dst_grad as the two sides of one
+// [rows, 2, heads, dim] buffer (packed_grads).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward_run(
     GatInputs in, const at::Tensor& x, at::Tensor grad_out, at::Tensor out, at::Tensor lse,
     const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_group,
     const at::Tensor& dst_offsets, const c10::optional<at::Tensor>& src_group,
     const c10::optional<at::Tensor>& src_offsets, double dropout_p, const c10::optional<at::Tensor>& rng_state,
-    bool edge_grad_wanted, bool src_grad, bool records) {
+    bool edge_grad_wanted, bool src_grad, bool records, bool packed) {
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, x);
   TORCH_CHECK_VALUE(!src_grad || (src_group.has_value() && src_offsets.has_value()),
                     "edgedot: src_grad needs src_group and src_offsets");
@@ -169,11 +170,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   const auto none = [&options] { return at::empty({0}, options); };
   // No memsets: every row is written by one team or merge (rows without edges as zeros).
   at::Tensor delta = at::empty({num_dst, heads}, options.dtype(accum));
-  at::Tensor dst_grad = in.v2 ? at::empty({num_dst, heads, dim}, options) : at::empty({num_dst, heads}, options);
+  at::Tensor dst_grad, dx;
+  if (packed) {
+    const std::vector<at::Tensor> sides = packed_grads(x, 2);
+    dx = sides[0];
+    dst_grad = sides[1];
+    args.grad_pack = 2;
+  } else {
+    dst_grad = in.v2 ? at::empty({num_dst, heads, dim}, options) : at::empty({num_dst, heads}, options);
+    dx = src_grad ? at::empty({num_src, heads, dim}, options) : none();
+  }
   at::Tensor edge_grad = !edge_grad_wanted ? none()
                          : in.v2           ? at::empty({in.num_edges, heads, dim}, options)
                                            : at::empty({in.num_edges, heads}, options);
-  at::Tensor dx = src_grad ? at::empty({num_src, heads, dim}, options) : none();
   at::Tensor da_src = src_grad && !in.v2 ? at::empty({num_src, heads}, options) : none();
   args.delta = delta.data_ptr();
   args.dst_grad = dst_grad.data_ptr();
@@ -251,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backward(
   const GatInputs in = gat_inputs(x, a_src, a_dst, a_edge, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!a_edge_grad || a_edge.has_value(), "edgedot: a_edge_grad needs a_edge");
   const auto grads = gat_backward_run(in, x, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
-                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad, records);
+                                      src_offsets, dropout_p, rng_state, a_edge_grad, src_grad, records, false);
   return {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<4>(grads)};
 }
 
@@ -267,11 +276,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
     bool src_grad, bool records) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(x_src.device());
+  const bool packed = src_grad && PackedGradsScope::active() && packed_sides({x_src, x_dst});
   const GatInputs in = gatv2_inputs(x_src, x_dst, att, edge_feat, num_edges, negative_slope, dropout_p);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
   const auto grads = gat_backward_run(in, x_src, grad_out, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                                       src_group, src_offsets, dropout_p, rng_state, edge_feat_grad, src_grad,
-                                      records);
+                                      records, packed);
   return {std::get<0>(grads), std::get<2>(grads), std::get<3>(grads), std::get<4>(grads)};
 }
 

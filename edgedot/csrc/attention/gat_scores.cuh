@@ -63,7 +63,7 @@ struct GatFamily : RecordsPolicy {
 
   template <typename T>
   static void src_row_merges(const BackwardArgs& a, MergeList<T>& merges) {
-    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dx), static_cast<T*>(a.dx));
+    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dx), static_cast<T*>(a.dx), a.grad_pack);
   }
 };
 
@@ -180,7 +180,7 @@ struct GatScore : GatFamily {
     }
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
-      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, a.grad_pack, t, vecs, dx);
       store_grad_scalar<T>(w, a.part_da_src, a.da_src, unit, a.in.heads, t, da_src);
     }
   };
@@ -409,7 +409,7 @@ struct Gatv2Score : GatFamily {
     }
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
-      store_grad_row(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, a.in.dim, t, vecs, dxd);
+      store_grad_row(w, a.part_dst_grad, a.dst_grad, unit, a.in.heads, a.in.dim, a.grad_pack, t, vecs, dxd);
     }
     // The team's share of datt (accumulation type), summed over teams afterwards.
     __device__ __forceinline__ void store_team_grads(const BackwardArgs& a, int64_t team, const Team& t) const {
@@ -450,7 +450,7 @@ struct Gatv2Score : GatFamily {
     }
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
-      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, t, vecs, dx);
+      store_grad_row(w, a.part_dx, a.dx, unit, a.in.heads, a.in.dim, a.grad_pack, t, vecs, dx);
     }
   };
 
@@ -520,7 +520,7 @@ struct Gatv2Score : GatFamily {
 
   template <typename T>
   static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
-    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad));
+    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad), a.grad_pack);
   }
   template <typename T>
   static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {

@@ -95,20 +95,32 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax, kCols>& s, c
   }
 }
 
-// Writes the merged row: softmax: out = acc / l and lse = m + log(l), NaN when a chunk was NaN or
-// every edge scored -inf (a long row has edges); sum: out = acc. NaN either way when the row's
-// slots pass the partial buffers (an inconsistent pointer: its chunks were never computed).
+// Writes the merged row of (row, h): softmax: out = acc / l and lse = m + log(l), NaN when a chunk
+// was NaN or every edge scored -inf (a long row has edges); sum: out = acc. NaN either way when the
+// row's slots pass the partial buffers (an inconsistent pointer: its chunks were never computed).
 template <typename T, bool kSoftmax, int kCols>
 __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax, kCols>& s, T* out, accum_t<T>* lse,
-                                             int64_t unit, int dim, int lane) {
+                                             int dim, int lane) {
   using A = accum_t<T>;
   const A nan = static_cast<A>(NAN);
   const bool bad = s.bad || (kSoftmax && !(s.l > 0));
   const A factor = bad ? nan : kSoftmax ? A(1) / s.l : A(1);
 #pragma unroll
   for (int i = 0; i < kCols; ++i)
-    if (lane + 32 * i < dim) out[unit * dim + lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
-  if (kSoftmax && lane == 0) lse[unit] = bad ? nan : s.m + accurate_log(s.l);
+    if (lane + 32 * i < dim) out[lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
+  if (kSoftmax && lane == 0) *lse = bad ? nan : s.m + accurate_log(s.l);
+}
+
+// Where (row, h) of a target is written: its out row (a softmax merge's out is the forward's, rows
+// heads x dim apart; a sum's rows are m.pack such rows apart), and a softmax's lse.
+template <typename T, bool kSoftmax>
+__device__ __forceinline__ T* merged_row(const MergeTarget<T>& m, int64_t heads, int64_t row, int64_t h) {
+  return m.out + ((kSoftmax ? row : row * m.pack) * heads + h) * m.dim;
+}
+
+template <typename T, bool kSoftmax>
+__device__ __forceinline__ accum_t<T>* merged_lse(const MergeTarget<T>& m, int64_t heads, int64_t row, int64_t h) {
+  return kSoftmax ? m.lse + row * heads + h : nullptr;
 }
 
 // A block's shared memory for a hub's merge: the scan that lists the hubs, and each warp's merged
@@ -148,7 +160,8 @@ __device__ __forceinline__ void merge_target(const MergeTarget<T>& m, int64_t he
     s.init();
     s.bad = last > c.max_slots;
     if (!s.bad) merge_slots<kWarpMergeBatch<A, kCols>>(s, m.part, m.part_ml, heads, h, dim, first, last, 0, 1, lane);
-    write_merged<T, kSoftmax, kCols>(s, m.out, m.lse, row * heads + h, dim, lane);
+    write_merged<T, kSoftmax, kCols>(s, merged_row<T, kSoftmax>(m, heads, row, h),
+                                     merged_lse<T, kSoftmax>(m, heads, row, h), dim, lane);
   }
 
   int64_t hubs_before = 0;  // hubs listed in earlier passes
@@ -195,7 +208,8 @@ __device__ __forceinline__ void merge_target(const MergeTarget<T>& m, int64_t he
           // A warp that merged no chunk holds (-inf, 0): add() skips it.
           total.add(kSoftmax ? shared.warp_ml[w][0] : A(0), kSoftmax ? shared.warp_ml[w][1] : A(0), cols, dim, lane);
         }
-        write_merged<T, kSoftmax, kCols>(total, m.out, m.lse, hub * heads + h, dim, lane);
+        write_merged<T, kSoftmax, kCols>(total, merged_row<T, kSoftmax>(m, heads, hub, h),
+                                         merged_lse<T, kSoftmax>(m, heads, hub, h), dim, lane);
       }
       __syncthreads();
     }

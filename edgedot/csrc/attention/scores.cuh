@@ -11,15 +11,19 @@
 
 namespace edgedot {
 
-// Stores a chunk's partial row (slot >= 0) or the row's final value.
+// Stores a chunk's partial row (slot >= 0) or the row's final value (unit = row * heads + head);
+// the output's rows of heads x dim lie pack such rows apart (grad_pack of the backward's arguments;
+// the branch keeps the contiguous case's code and registers).
 template <typename T, int VEC, int NV>
 __device__ __forceinline__ void store_grad_row(const WorkUnit& w, void* part, void* out, int64_t unit, int64_t heads,
-                                               int64_t dim, const Team& t, int vectors,
+                                               int64_t dim, int pack, const Team& t, int vectors,
                                                const LaneRow<T, VEC, NV>& g) {
   if (w.slot >= 0) {
     store_partial(static_cast<accum_t<T>*>(part) + (int64_t{w.slot} * heads + w.head) * dim, t, vectors, g);
   } else {
-    store_row(static_cast<T*>(out) + unit * dim, t, vectors, accum_t<T>(1), g);
+    T* row = static_cast<T*>(out) + unit * dim;
+    if (pack != 1) row += int64_t{w.row} * (pack - 1) * heads * dim;
+    store_row(row, t, vectors, accum_t<T>(1), g);
   }
 }
 
@@ -151,7 +155,7 @@ struct DotScore : RecordsPolicy {
     __device__ __forceinline__ void store_src_state(const BackwardArgs&, int64_t, int, const Team&) const {}
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
-      store_grad_row(w, a.part_dq, a.dq, unit, a.in.heads, a.in.dim, t, dvec, dq);
+      store_grad_row(w, a.part_dq, a.dq, unit, a.in.heads, a.in.dim, a.grad_pack, t, dvec, dq);
     }
   };
 
@@ -191,8 +195,8 @@ struct DotScore : RecordsPolicy {
     }
     __device__ __forceinline__ void store_grads(const BackwardArgs& a, const WorkUnit& w, int64_t unit,
                                                 const Team& t) const {
-      store_grad_row(w, a.part_dk, a.dk, unit, a.in.heads, a.in.dim, t, dvec, dk);
-      store_grad_row(w, a.part_dv, a.dv, unit, a.in.heads, a.in.dim_v, t, vvec, dv);
+      store_grad_row(w, a.part_dk, a.dk, unit, a.in.heads, a.in.dim, a.grad_pack, t, dvec, dk);
+      store_grad_row(w, a.part_dv, a.dv, unit, a.in.heads, a.in.dim_v, a.grad_pack, t, vvec, dv);
     }
   };
 
@@ -246,12 +250,12 @@ struct DotScore : RecordsPolicy {
 
   template <typename T>
   static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
-    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq), static_cast<T*>(a.dq));
+    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dq), static_cast<T*>(a.dq), a.grad_pack);
   }
   template <typename T>
   static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {
-    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk), static_cast<T*>(a.dk));
-    merges.add(a.src_chunks, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv), static_cast<T*>(a.dv));
+    merges.add(a.src_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dk), static_cast<T*>(a.dk), a.grad_pack);
+    merges.add(a.src_chunks, a.in.dim_v, static_cast<const accum_t<T>*>(a.part_dv), static_cast<T*>(a.dv), a.grad_pack);
   }
 };
 

@@ -292,7 +292,7 @@ struct AttentionBackwardArgs {
   AttentionGrouping dst, src;
   RowChunks dst_chunks, src_chunks;
   void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
-  void* dq;            // [num_dst, heads, dim], contiguous, in the inputs' type
+  void* dq;            // [num_dst, heads, dim] (rows grad_pack apart, below), in the inputs' type
   void* dk;            // [num_src, heads, dim]
   void* dv;            // [num_src, heads, dim_v]
   void* d_edge_feat;   // [num_edges, heads, dim], or null
@@ -306,6 +306,9 @@ struct AttentionBackwardArgs {
   // With a src pass: [num_edges * heads] EdgeRecord (alpha, ds; attention_src_state_bytes), written
   // by the dst pass, read by the src pass; or null (the src pass then recomputes them).
   void* src_state;
+  // dq, dk and dv's rows lie grad_pack rows of heads x dim apart: 3 where they are the three sides
+  // of one [rows, 3, heads, dim] tensor (packed_sides in attention/attention_ops.cpp), else 1.
+  int32_t grad_pack = 1;
 };
 
 // Edges a chunk of a long row holds, for a grouping of num_edges edges of these heads and head dims
@@ -376,8 +379,8 @@ struct GatForwardArgs {
   void* part_ml;   // [max_slots, heads, 2]: its running maximum and sum
 };
 
-// Outputs contiguous, in the inputs' type unless said otherwise. The dst pass writes delta and
-// GAT: da_dst [num_dst, heads], da_edge [num_edges, heads] (or null);
+// Outputs contiguous (but dx and dx_dst: grad_pack below), in the inputs' type unless said otherwise.
+// The dst pass writes delta and GAT: da_dst [num_dst, heads], da_edge [num_edges, heads] (or null);
 // GATv2: dx_dst [num_dst, heads, dim], datt_teams [gat_dst_pass_teams(...), dim] (accumulation type:
 // each team's share of datt, team k's of head k % heads, summed over teams afterwards), d_edge_feat
 // (or null).
@@ -403,6 +406,9 @@ struct GatBackwardArgs {
   void* part_dst_grad;
   void* part_dx;
   void* part_da_src;
+  // GATv2: dx's and dx_dst's rows lie grad_pack rows of heads x dim apart: 2 where they are the two
+  // sides of one [rows, 2, heads, dim] tensor, else 1 (GAT: always 1).
+  int32_t grad_pack = 1;
 };
 
 // out, lse (and alpha) over the dst grouping; every element written. dim in 1 .. kAttentionMaxDim.

@@ -84,6 +84,10 @@ at::Tensor column_sum(const at::Tensor& x);
 // F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
 // (common/linear_autograd.cpp).
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// The same split into `sides` equal column blocks, [rows, out / sides] views of one result, whose
+// gradients reach the GEMMs without a copy where they share one buffer as its column blocks.
+std::vector<at::Tensor> linear_sides_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                              int64_t sides);
 at::Tensor add_bias_autograd(const at::Tensor& x, const at::Tensor& bias);
 
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
