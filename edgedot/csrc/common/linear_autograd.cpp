@@ -71,6 +71,7 @@ struct LinearSidesFunction : torch::autograd::Function<LinearSidesFunction> {
                                int64_t sides) {
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["sides"] = sides;
+    ctx->set_materialize_grads(false);  // a side without a gradient: zeros in joined_sides
     const Tensor y = at::linear(x, weight, bias);
     return y.view({y.size(0), sides, y.size(1) / sides}).unbind(1);
   }
