@@ -520,7 +520,8 @@ struct Gatv2Score : GatFamily {
 
   template <typename T>
   static void dst_merges(const BackwardArgs& a, MergeList<T>& merges) {
-    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad), a.grad_pack);
+    merges.add(a.dst_chunks, a.in.dim, static_cast<const accum_t<T>*>(a.part_dst_grad), static_cast<T*>(a.dst_grad),
+               a.grad_pack);
   }
   template <typename T>
   static void src_merges(const BackwardArgs& a, MergeList<T>& merges) {
