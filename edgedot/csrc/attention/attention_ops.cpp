@@ -18,9 +18,10 @@ namespace edgedot {
 
 void check_attention_tensor(const at::Tensor& t, const char* name, const at::Tensor& q,
                             std::initializer_list<int64_t> shape) {
-  TORCH_CHECK_VALUE(t.device() == q.device(), "edgedot: ", name, " is on ", t.device(), " but q is on ", q.device());
-  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "edgedot: ", name, " must have shape ",
-                    at::IntArrayRef(shape), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == q.device(), message("edgedot: ", name, " is on ", t.device(), " but q is on ",
+                                                      q.device()));
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), message("edgedot: ", name, " must have shape ",
+                                                                 at::IntArrayRef(shape), ", got ", t.sizes()));
 }
 
 namespace {
@@ -64,23 +65,23 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
                                      int64_t num_rows, const at::Tensor& q, const char* side) {
   TORCH_CHECK_VALUE(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.numel() == num_rows + 1 &&
                         offsets.is_contiguous() && offsets.device() == q.device(),
-                    "edgedot: ", side, "_offsets must be a contiguous int64 tensor of ", num_rows + 1,
-                    " elements on q's device, got ", offsets.scalar_type(), " of shape ", offsets.sizes());
+                    message("edgedot: ", side, "_offsets must be a contiguous int64 tensor of ", num_rows + 1,
+                            " elements on q's device, got ", offsets.scalar_type(), " of shape ", offsets.sizes()));
   if (!group.has_value()) {
     for (const at::Tensor* idx : {&row_idx, &other_idx}) {
       TORCH_CHECK_VALUE(is_index(*idx) && idx->numel() == num_edges && idx->is_contiguous() &&
                             idx->device() == q.device(),
-                        "edgedot: edges given grouped need contiguous int32 or int64 index tensors of E = ",
-                        num_edges, " elements on q's device");
+                        message("edgedot: edges given grouped need contiguous int32 or int64 index tensors of E = ",
+                                num_edges, " elements on q's device"));
     }
     return AttentionGrouping{nullptr, nullptr, offsets.data_ptr<int64_t>(), row_idx.data_ptr(), other_idx.data_ptr(),
                              index_kind(row_idx), index_kind(other_idx)};
   }
   TORCH_CHECK_VALUE(group->scalar_type() == at::kLong && group->dim() == 1 && group->numel() == 2 * num_edges &&
                         group->is_contiguous() && group->device() == q.device(),
-                    "edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
-                    " elements on q's device (edgedot.runtime.plan.build_side), got ", group->scalar_type(),
-                    " of shape ", group->sizes());
+                    message("edgedot: ", side, "_group must be a contiguous int64 tensor of 2 * E = ", 2 * num_edges,
+                            " elements on q's device (edgedot.runtime.plan.build_side), got ", group->scalar_type(),
+                            " of shape ", group->sizes()));
   const int64_t* p = group->data_ptr<int64_t>();
   return AttentionGrouping{p, reinterpret_cast<const uint64_t*>(p + num_edges), offsets.data_ptr<int64_t>(),
                            nullptr, nullptr, IndexKind::i64, IndexKind::i64};
@@ -112,14 +113,16 @@ RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t 
   const cudaError_t status = launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
                                                        first_chunk, rows, rows + num_rows, base + at_temp, temp_bytes,
                                                        stream);
-  TORCH_CHECK(status == cudaSuccess, "edgedot: building the chunk schedule failed: ", cudaGetErrorString(status));
+  TORCH_CHECK(status == cudaSuccess, message("edgedot: building the chunk schedule failed: ",
+                                             cudaGetErrorString(status)));
   const int32_t* row_order = nullptr;
   if (ordered) {
     int32_t* ids = reinterpret_cast<int32_t*>(base + at_order);
     const cudaError_t sorted = launch_attention_row_order(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
                                                           base + at_keys, ids, ids + num_rows, base + at_sort_temp,
                                                           sort_bytes, stream);
-    TORCH_CHECK(sorted == cudaSuccess, "edgedot: ordering the rows by degree failed: ", cudaGetErrorString(sorted));
+    TORCH_CHECK(sorted == cudaSuccess, message("edgedot: ordering the rows by degree failed: ",
+                                               cudaGetErrorString(sorted)));
     row_order = ids + num_rows;
   }
   return RowChunks{chunk, first_chunk, rows, rows + num_rows, attention_max_slots(num_edges, chunk), row_order};
@@ -172,7 +175,7 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
                                  c10::optional<at::Tensor>& scale_heads) {
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble || q.scalar_type() == at::kHalf ||
                        q.scalar_type() == at::kBFloat16,
-                   "edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type());
+                   message("edgedot: q must be float32, float64, float16 or bfloat16, got ", q.scalar_type()));
   TORCH_CHECK_VALUE(q.is_cuda() && q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
                     "edgedot: q, k and v must be 3-D CUDA tensors [rows, heads, dim]");
   const int64_t heads = q.size(1), dim = q.size(2), dim_v = v.size(2);
@@ -181,8 +184,8 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
   check_attention_tensor(k, "k", q, {k.size(0), heads, dim});
   check_attention_tensor(v, "v", q, {k.size(0), heads, dim_v});
   TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim && dim_v >= 1 && dim_v <= kAttentionMaxDim,
-                    "edgedot: graph attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ", dim,
-                    " and ", dim_v);
+                    message("edgedot: graph attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ",
+                            dim, " and ", dim_v));
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
   // Below 2**31 - 1 rows: the schedule scans num_rows + 1 entries with int32 counts.
   TORCH_CHECK_VALUE(num_edges < kMax32 && q.size(0) < kMax32 && k.size(0) < kMax32,
@@ -195,15 +198,16 @@ AttentionInputs attention_inputs(at::Tensor& q, at::Tensor& k, at::Tensor& v, c1
     TORCH_CHECK_VALUE(edge_feat->scalar_type() == q.scalar_type() && edge_feat->dim() == 3,
                       "edgedot: edge_feat must be 3-D with q's dtype");
     check_attention_tensor(*edge_feat, "edge_feat", q, {num_edges, heads, dim});
-    TORCH_CHECK_VALUE(dim_v == dim, "edgedot: edge_feat needs v's head dim equal to q's, got ", dim_v, " and ", dim);
+    TORCH_CHECK_VALUE(dim_v == dim, message("edgedot: edge_feat needs v's head dim equal to q's, got ", dim_v, " and ",
+                                            dim));
     edge_feat = unit_stride_last(*edge_feat);
     ef = attention_rows(*edge_feat);
   }
   const void* heads_scale = nullptr;
   if (scale_heads.has_value()) {
     TORCH_CHECK_VALUE(scale_heads->numel() == 1 || (scale_heads->dim() == 1 && scale_heads->size(0) == heads),
-                      "edgedot: beta must hold one value or one per head (", heads, "), got shape ",
-                      scale_heads->sizes());
+                      message("edgedot: beta must hold one value or one per head (", heads, "), got shape ",
+                              scale_heads->sizes()));
     TORCH_CHECK_VALUE(scale_heads->device() == q.device(), "edgedot: beta must be on q's device");
     scale_heads = scale_heads->reshape({-1}).expand({heads}).to(q.scalar_type()).contiguous();
     heads_scale = scale_heads->data_ptr();

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "attention/dropout_rng.h"
+#include "common/check_message.h"
 
 namespace edgedot {
 namespace {
@@ -25,7 +26,8 @@ constexpr uint64_t kDropoutOffsetStep = 4;
 
 // threshold and keep_scale of dropout_p; rng to be filled in by one of the functions below.
 Dropout dropout_of(double dropout_p) {
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, "edgedot: dropout_p must lie in [0, 1], got ", dropout_p);
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p <= 1.0, message("edgedot: dropout_p must lie in [0, 1], got ",
+                                                                  dropout_p));
   // threshold = min(floor(p * 2**32), 2**32): p * 2**32 is exact in double.
   const double scaled = std::floor(dropout_p * 4294967296.0);
   const uint64_t threshold = scaled >= 4294967296.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(scaled);
@@ -42,8 +44,8 @@ DropoutRng draw_dropout_rng(const c10::optional<at::Generator>& generator, const
     const c10::Device on = generator->device();
     const bool same =
         on.is_cuda() && (on.has_index() ? on.index() : c10::cuda::current_device()) == like.device().index();
-    TORCH_CHECK_VALUE(same, "edgedot: the dropout generator is on ", on, " but the inputs are on ", like.device(),
-                      "; pass a generator of their device");
+    TORCH_CHECK_VALUE(same, message("edgedot: the dropout generator is on ", on, " but the inputs are on ",
+                                    like.device(), "; pass a generator of their device"));
   }
   auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
       generator, at::cuda::detail::getDefaultCUDAGenerator(like.device().index()));
@@ -70,8 +72,8 @@ DropoutRng draw_dropout_rng(const c10::optional<at::Generator>& generator, const
 DropoutRng recorded_dropout_rng(const c10::optional<at::Tensor>& rng_state, const at::Tensor& like) {
   TORCH_CHECK_VALUE(rng_state.has_value() && rng_state->scalar_type() == at::kLong && rng_state->dim() == 1 &&
                         rng_state->numel() == 2 && rng_state->is_contiguous() && rng_state->device() == like.device(),
-                    "edgedot: dropout needs rng_state, the contiguous int64 [2] tensor the forward returned, on ",
-                    like.device());
+                    message("edgedot: dropout needs rng_state, the contiguous int64 [2] tensor the forward returned, "
+                            "on ", like.device()));
   const int64_t* p = rng_state->data_ptr<int64_t>();
   DropoutRng r{};
   r.seed_ptr = p;

@@ -22,8 +22,9 @@ namespace {
 // tensors whatever they are given.
 
 void check_gat_tensor(const at::Tensor& t, const char* name, const at::Tensor& x, std::initializer_list<int64_t> shape) {
-  TORCH_CHECK_VALUE(t.scalar_type() == x.scalar_type(), "edgedot: ", name, " must have the dtype of the features (",
-                    x.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.scalar_type() == x.scalar_type(),
+                    message("edgedot: ", name, " must have the dtype of the features (", x.scalar_type(), "), got ",
+                            t.scalar_type()));
   check_attention_tensor(t, name, x, shape);
 }
 
@@ -38,11 +39,13 @@ GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t n
                      double dropout_p) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
                        x.scalar_type() == at::kBFloat16,
-                   "edgedot: ", name, " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 3, "edgedot: ", name, " must be a 3-D CUDA tensor [rows, heads, dim]");
+                   message("edgedot: ", name, " must be float32, float64, float16 or bfloat16, got ", x.scalar_type()));
+  TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 3, message("edgedot: ", name,
+                                                         " must be a 3-D CUDA tensor [rows, heads, dim]"));
   const int64_t dim = x.size(2);
-  TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim, "edgedot: GAT attention on CUDA takes head dims of 1 to ",
-                    kAttentionMaxDim, ", got ", dim);
+  TORCH_CHECK_VALUE(dim >= 1 && dim <= kAttentionMaxDim,
+                    message("edgedot: GAT attention on CUDA takes head dims of 1 to ", kAttentionMaxDim, ", got ",
+                            dim));
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
   // Below 2**31 - 1 rows: the schedule scans num_rows + 1 entries with int32 counts.
   TORCH_CHECK_VALUE(num_edges < kMax32 && x.size(0) < kMax32 && num_dst < kMax32,
@@ -63,7 +66,8 @@ GatInputs gat_common(at::Tensor& x, const char* name, int64_t num_dst, int64_t n
 GatInputs gat_inputs(at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a_dst,
                      const c10::optional<at::Tensor>& a_edge, int64_t num_edges, double negative_slope,
                      double dropout_p) {
-  TORCH_CHECK_VALUE(a_dst.dim() == 2, "edgedot: a_dst must be 2-D [num_dst, heads], got shape ", a_dst.sizes());
+  TORCH_CHECK_VALUE(a_dst.dim() == 2, message("edgedot: a_dst must be 2-D [num_dst, heads], got shape ",
+                                              a_dst.sizes()));
   GatInputs in = gat_common(x, "x", a_dst.size(0), num_edges, negative_slope, dropout_p);
   check_gat_tensor(a_src, "a_src", x, {x.size(0), in.heads});
   check_gat_tensor(a_dst, "a_dst", x, {in.num_dst, in.heads});
@@ -80,7 +84,8 @@ GatInputs gat_inputs(at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a
 // x_src, x_dst, att and edge_feat made unit stride on dim.
 GatInputs gatv2_inputs(at::Tensor& x_src, at::Tensor& x_dst, at::Tensor& att, c10::optional<at::Tensor>& edge_feat,
                        int64_t num_edges, double negative_slope, double dropout_p) {
-  TORCH_CHECK_VALUE(x_dst.dim() == 3, "edgedot: x_dst must be 3-D [num_dst, heads, dim], got shape ", x_dst.sizes());
+  TORCH_CHECK_VALUE(x_dst.dim() == 3, message("edgedot: x_dst must be 3-D [num_dst, heads, dim], got shape ",
+                                              x_dst.sizes()));
   GatInputs in = gat_common(x_src, "x_src", x_dst.size(0), num_edges, negative_slope, dropout_p);
   check_gat_tensor(x_dst, "x_dst", x_src, {in.num_dst, in.heads, in.dim});
   check_gat_tensor(att, "att", x_src, {in.heads, in.dim});
@@ -299,7 +304,7 @@ at::ScalarType logits_accum(at::ScalarType result) { return result == at::kDoubl
 at::Tensor logits_att(const at::Tensor& att, at::ScalarType accum) {
   const at::Tensor sided = att.dim() == 2 ? att.unsqueeze(0) : att;
   TORCH_CHECK_VALUE(sided.dim() == 3 && (sided.size(0) == 1 || sided.size(0) == 2),
-                    "edgedot: att must be [H, C] or [2, H, C], got ", att.sizes());
+                    message("edgedot: att must be [H, C] or [2, H, C], got ", att.sizes()));
   return sided.to(accum).contiguous();
 }
 

@@ -10,8 +10,8 @@ namespace edgedot {
 
 at::Tensor column_sum(const at::Tensor& x_in) {
   TORCH_CHECK_VALUE(x_in.dim() == 2 && x_in.is_cuda() && is_feature_dtype(x_in.scalar_type()),
-                    "edgedot: column_sum needs x 2-D float32, float64, float16 or bfloat16 on a CUDA device, got ",
-                    x_in.sizes(), " ", x_in.scalar_type());
+                    message("edgedot: column_sum needs x 2-D float32, float64, float16 or bfloat16 on a CUDA device, "
+                            "got ", x_in.sizes(), " ", x_in.scalar_type()));
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = unit_stride_last(x_in);
   const int64_t rows = x.size(0), width = x.size(1);

@@ -103,14 +103,14 @@ int64_t unchecked_parts(const at::Tensor& src_idx, int64_t num_src, const at::Te
 int* zeroed_device_flags(const at::Tensor& host_flags, const char* caller) {
   TORCH_CHECK_VALUE(host_flags.device().is_cpu() && host_flags.scalar_type() == at::kInt &&
                         host_flags.numel() == kGraphCheckFlags && host_flags.is_contiguous(),
-                    "edgedot: ", caller, " needs host_flags a contiguous pinned int32 CPU tensor of ",
-                    static_cast<int>(kGraphCheckFlags), " elements");
+                    message("edgedot: ", caller, " needs host_flags a contiguous pinned int32 CPU tensor of ",
+                            static_cast<int>(kGraphCheckFlags), " elements"));
   void* device_view = nullptr;
   const cudaError_t mapped = cudaHostGetDevicePointer(&device_view, host_flags.data_ptr(), 0);
   if (mapped != cudaSuccess) {
     (void)cudaGetLastError();  // not a launch's error: clear it for the checks that follow
-    TORCH_CHECK_VALUE(false, "edgedot: ", caller, " needs host_flags in pinned memory the device can write: ",
-                      cudaGetErrorString(mapped));
+    TORCH_CHECK_VALUE(false, message("edgedot: ", caller, " needs host_flags in pinned memory the device can write: ",
+                                     cudaGetErrorString(mapped)));
   }
   std::memset(host_flags.data_ptr(), 0, kGraphCheckFlags * sizeof(int));
   return static_cast<int*>(device_view);

@@ -68,8 +68,8 @@ bool packable_sort(const GradArgs& args, int64_t grad_bytes) {
 
 namespace {
 
-IndexKind checked_index(const at::Tensor& idx, const char* message) {
-  TORCH_CHECK_TYPE(is_index(idx), message);
+IndexKind checked_index(const at::Tensor& idx, const char* error) {
+  TORCH_CHECK_TYPE(is_index(idx), error);
   return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
 }
 
@@ -80,8 +80,6 @@ IndexKind checked_index(const at::Tensor& idx, const char* message) {
 // kernel. range_flags: where the kernel reports indices out of range.
 std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor& other_idx, int64_t num_rows,
                                     int64_t num_other, bool both, RangeFlags range_flags) {
-  // The messages hold no streamed torch values: on the H200 machine (torch 2.11) streaming a
-  // shape into a failing check's message crashed the process (NOTES.md).
   constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
   const IndexKind row_index = checked_index(row_idx, "edgedot: row_idx must be a 1-D int32 or int64 tensor");
   const IndexKind other_index = checked_index(other_idx, "edgedot: other_idx must be a 1-D int32 or int64 tensor");

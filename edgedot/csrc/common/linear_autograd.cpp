@@ -110,7 +110,8 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const 
 std::vector<at::Tensor> linear_sides_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                               int64_t sides) {
   TORCH_CHECK_VALUE(x.dim() == 2 && weight.dim() == 2 && sides >= 1 && weight.size(0) % sides == 0,
-                    "edgedot: linear_sides needs a 2-D x and a weight whose rows split into ", sides, " sides");
+                    message("edgedot: linear_sides needs a 2-D x and a weight whose rows split into ", sides,
+                            " sides"));
   return LinearSidesFunction::apply(x, weight, bias, sides);
 }
 

@@ -12,13 +12,13 @@ ScalarKind scalar_kind(at::ScalarType t) {
     case at::kDouble: return ScalarKind::f64;
     case at::kHalf: return ScalarKind::f16;
     case at::kBFloat16: return ScalarKind::bf16;
-    default: TORCH_CHECK_TYPE(false, "edgedot: unsupported feature dtype ", t);
+    default: TORCH_CHECK_TYPE(false, message("edgedot: unsupported feature dtype ", t));
   }
 }
 
 IndexKind index_kind(const at::Tensor& idx, const char* name) {
-  TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, name,
-                   " must be int32 or int64, got ", idx.scalar_type());
+  TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong,
+                   message(name, " must be int32 or int64, got ", idx.scalar_type()));
   return idx.scalar_type() == at::kInt ? IndexKind::i32 : IndexKind::i64;
 }
 

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/check_message.h"
 #include "common/edgedot.h"
 
 namespace edgedot {

@@ -142,8 +142,8 @@ std::tuple<at::Tensor, bool> edge_order(const at::Tensor& row_idx, const at::Ten
   TORCH_CHECK_VALUE(is_index(row_idx) && is_index(other_idx) && other_idx.size(0) == num_edges && num_edges >= 2 &&
                         num_edges < std::numeric_limits<int32_t>::max() && num_rows > 0 && shift >= 0 &&
                         shift < 63 && ((num_rows - 1) >> shift) + 1 <= kMaxOrderBuckets,
-                    "edgedot: edge_order needs two index vectors of 2 to 2**31 - 1 edges and at most ",
-                    kMaxOrderBuckets, " buckets");
+                    message("edgedot: edge_order needs two index vectors of 2 to 2**31 - 1 edges and at most ",
+                            kMaxOrderBuckets, " buckets"));
   const c10::cuda::CUDAGuard guard(row_idx.device());
   const at::Tensor buffer = edge_order_buffer(row_idx.contiguous(), other_idx.contiguous(), num_rows,
                                               static_cast<int>(shift), c10::cuda::getCurrentCUDAStream());
@@ -157,7 +157,7 @@ std::tuple<at::Tensor, bool> edge_order(const at::Tensor& row_idx, const at::Ten
 at::Tensor grad_rows(at::Tensor grad_out, at::Tensor row_feat, at::Tensor other_feat, at::Tensor row_idx,
                      at::Tensor other_idx, c10::optional<at::Tensor> plan, const std::string& reduction) {
   TORCH_CHECK_VALUE(reduction == "atomic" || reduction == "sorted" || reduction == "sort",
-                    "edgedot: unknown reduction '", reduction, "' (atomic, sorted or sort)");
+                    message("edgedot: unknown reduction '", reduction, "' (atomic, sorted or sort)"));
   const bool sort_here = !plan.has_value() && reduction == "sort";
   const bool sorted = plan.has_value() || sort_here || reduction == "sorted";
   const c10::cuda::CUDAGuard guard(row_feat.device());
