@@ -1,8 +1,9 @@
 // The messages of the extension's failing checks, built as one std::string without std::ostream.
 // c10::str streams every message of more than one piece through a std::ostringstream made in this
-// library, and on the H100/H200 machines (torch 2.11, the JIT build) streaming a number there
-// crashed the process (NOTES.md). A check given one std::string takes c10::str's path that
-// returns it as is, so each TORCH_CHECK here gets exactly one: a literal, or message(...).
+// library. A compiler that links its own copy of libstdc++ into the library (the CUDA machines'
+// JIT build did) gives that stream a locale whose number formatting crashed the process
+// (docs/performance.md). c10::str returns a lone string as it is, so each TORCH_CHECK here gets
+// exactly one: a literal, a string, or message(...) (tests/test_check_messages.py).
 #pragma once
 
 #include <ATen/ATen.h>
