@@ -14,6 +14,7 @@
 # with BENCH_ARGS="--reps-scale 0.25"). BENCH_ARGS passes options to the benchmark, PYTEST_ARGS
 # to pytest, PYTEST_TARGETS the test files (default: tests), PYTEST_RESUME_LOGS a folder of earlier
 # calls' pytest.log files whose finished tests are left out (the whole suite over several calls),
+# PYTEST_CPU_CASES=1 keeps the cases parametrized for the CPU (left out by default: CI runs them),
 # PROFILE_ARGS to scripts/profile_minibatch.py.
 #
 # `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
@@ -109,8 +110,10 @@ for stage in $stages; do
       # PYTEST_RESUME_LOGS (a carried folder of earlier calls' pytest.log files), the tests they
       # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
       # shellcheck disable=SC2086
+      # The cases parametrized for the CPU are left out (CI runs them) unless PYTEST_CPU_CASES=1.
+      cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=
       PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v ${PYTEST_TARGETS:-tests} -p no:cacheprovider \
-        -p pytest_resume -n "${PYTEST_WORKERS:-4}" ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+        -p pytest_resume -n "${PYTEST_WORKERS:-4}" $cpu_cases ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
       tail -n 1 "$OUT/pytest.log" ;;
     pyg)

@@ -2,6 +2,27 @@ import pytest
 import torch
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cuda-cases-only", action="store_true",
+                     help="leave out the cases parametrized with device 'cpu' (CI runs them on a CPU machine; "
+                          "a GPU machine's time goes to the CUDA cases)")
+
+
+def cpu_case(item):
+    """Whether ``item`` is a case of a test parametrized over devices, for the CPU."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(name in ("device", "dev") and str(value) == "cpu" for name, value in params.items())
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--cuda-cases-only"):
+        return
+    cpu = [item for item in items if cpu_case(item)]
+    if cpu:
+        config.hook.pytest_deselected(items=cpu)
+        items[:] = [item for item in items if not cpu_case(item)]
+
+
 @pytest.fixture
 def restore_deterministic():
     """Restores torch's deterministic-algorithms switch (and warn_only) after the test."""
