@@ -109,11 +109,12 @@ for stage in $stages; do
       # comes (-v), so a run cut short by the call's time limit still names its failures. With
       # PYTEST_RESUME_LOGS (a carried folder of earlier calls' pytest.log files), the tests they
       # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
-      # shellcheck disable=SC2086
-      # The cases parametrized for the CPU are left out (CI runs them) unless PYTEST_CPU_CASES=1.
+      # The cases parametrized for the CPU are left out (CI runs them) unless PYTEST_CPU_CASES=1;
+      # the 30 slowest tests are listed at the end.
       cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=
+      # shellcheck disable=SC2086
       PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v ${PYTEST_TARGETS:-tests} -p no:cacheprovider \
-        -p pytest_resume -n "${PYTEST_WORKERS:-4}" $cpu_cases ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+        -p pytest_resume -n "${PYTEST_WORKERS:-4}" --durations=30 $cpu_cases ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
       tail -n 1 "$OUT/pytest.log" ;;
     pyg)
