@@ -80,6 +80,14 @@ def _hub_graph(num_nodes, num_edges, g):
     return src, dst
 
 
+def _edges(graph, num_nodes, num_edges, g):
+    """(src, dst) of a uniform graph, or of ``_hub_graph`` for ``graph == "hubs"``."""
+    if graph == "hubs":
+        return _hub_graph(num_nodes, num_edges, g)
+    return (torch.randint(num_nodes, (num_edges,), generator=g, device="cuda"),
+            torch.randint(num_nodes, (num_edges,), generator=g, device="cuda"))
+
+
 def _packed_and_separate(op, packed, rest, src, dst, grad_out):
     """``op`` on the sides of ``packed`` ([N, sides, H, D]) and on separate copies of them: each
     call's output and its gradients of the sides."""
@@ -108,9 +116,7 @@ def test_graph_attention_packed_gradients(dtype, graph):
     sides of one buffer, with the bits of separate q, k and v."""
     g = torch.Generator("cuda").manual_seed(2)
     nodes, heads, dim = 3000, 4, 32
-    src, dst = _hub_graph(nodes, 20_000, g) if graph == "hubs" else \
-        (torch.randint(nodes, (20_000,), generator=g, device="cuda"),
-         torch.randint(nodes, (20_000,), generator=g, device="cuda"))
+    src, dst = _edges(graph, nodes, 20_000, g)
     qkv = torch.randn(nodes, 3, heads, dim, generator=g, device="cuda").to(dtype).requires_grad_()
     grad_out = torch.randn(nodes, heads, dim, generator=g, device="cuda").to(dtype)
     (out, got), (out_copies, want) = _packed_and_separate(edgedot.graph_attention, qkv, (), src, dst, grad_out)
@@ -128,9 +134,7 @@ def test_gatv2_packed_gradients(dtype, graph):
     back as the sides of one buffer, with the bits of separate inputs; att's gradient unchanged."""
     g = torch.Generator("cuda").manual_seed(3)
     nodes, heads, dim = 3000, 4, 32
-    src, dst = _hub_graph(nodes, 20_000, g) if graph == "hubs" else \
-        (torch.randint(nodes, (20_000,), generator=g, device="cuda"),
-         torch.randint(nodes, (20_000,), generator=g, device="cuda"))
+    src, dst = _edges(graph, nodes, 20_000, g)
     both = torch.randn(nodes, 2, heads, dim, generator=g, device="cuda").to(dtype).requires_grad_()
     att = torch.randn(heads, dim, generator=g, device="cuda").to(dtype).requires_grad_()
     grad_out = torch.randn(nodes, heads, dim, generator=g, device="cuda").to(dtype)
