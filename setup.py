@@ -93,13 +93,14 @@ class BuildPyWithoutRecord(build_py):
 
 def cuda_extension(sources):
     """The ``CUDAExtension`` ``edgedot._C`` of ``sources`` (edgedot/runtime/sources.py)."""
-    from torch.utils.cpp_extension import CUDAExtension
+    from torch.utils.cpp_extension import CUDAExtension, get_cxx_compiler
 
     return CUDAExtension(
         name="edgedot._C",
         sources=[f"edgedot/{source}" for source in sources.SOURCES],
         include_dirs=[str(PACKAGE / folder) for folder in sources.INCLUDE_DIRS],
         extra_compile_args={"cxx": list(sources.CXX_FLAGS), "nvcc": list(sources.NVCC_FLAGS)},
+        extra_link_args=sources.link_flags(get_cxx_compiler()),
     )
 
 

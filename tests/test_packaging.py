@@ -278,3 +278,41 @@ def test_installed_prebuilt_for_another_torch_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "RuntimeError: edgedot's prebuilt CUDA kernels (edgedot._C) do not fit: it was built for torch 2.4.0+cu121" \
         in proc.stderr
+
+
+def _fake_compiler(tmp_path, answer):
+    """An executable that answers ``-print-file-name=libstdc++.so`` with ``answer``, as g++ does."""
+    path = tmp_path / "fake-g++"
+    path.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_link_flags_keep_a_compiler_with_its_own_shared_runtime(tmp_path):
+    """A compiler whose shared libstdc++ exists links as usual: no extra inputs."""
+    own = tmp_path / "libstdc++.so"
+    own.write_text("")
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libstdc++.so.6.0.33\n")
+    assert sources.link_flags(_fake_compiler(tmp_path, own), maps) == []
+
+
+def test_link_flags_give_a_static_only_compiler_the_loaded_runtime(tmp_path):
+    """A compiler with no shared libstdc++ (it prints the bare name) gets the one the process loaded,
+    whatever its version suffix; without one loaded, or without the compiler, nothing is added."""
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
+                    "7f02-7f03 r--p 0 08:01 1 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
+                    "7f04-7f05 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6\n")
+    static_only = _fake_compiler(tmp_path, "libstdc++.so")
+    assert sources.link_flags(static_only, maps) == ["/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33"]
+    maps.write_text("7f04-7f05 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6\n")
+    assert sources.link_flags(static_only, maps) == []
+    assert sources.link_flags(str(tmp_path / "no-such-compiler"), maps) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
+def test_link_flags_find_torchs_runtime_in_this_process(tmp_path):
+    """In this process (torch imported) the loaded libstdc++ is found and exists."""
+    flags = sources.link_flags(_fake_compiler(tmp_path, "libstdc++.so"))
+    assert len(flags) == 1 and "libstdc++.so" in flags[0] and Path(flags[0]).exists()

@@ -65,6 +65,7 @@ def _jit_build():
         extra_include_paths=[str(_build.PACKAGE / folder) for folder in INCLUDE_DIRS],
         extra_cflags=list(_sources.CXX_FLAGS),
         extra_cuda_cflags=list(_sources.NVCC_FLAGS),  # arch: the GPUs present, or TORCH_CUDA_ARCH_LIST
+        extra_ldflags=_sources.link_flags(cpp_extension.get_cxx_compiler()),
         build_directory=str(build),
         verbose=verbose,
     )

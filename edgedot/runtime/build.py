@@ -135,6 +135,7 @@ def _jit_build():
         extra_include_paths=[str(PACKAGE / folder) for folder in sources.INCLUDE_DIRS],
         extra_cflags=list(sources.CXX_FLAGS),
         extra_cuda_cflags=list(sources.NVCC_FLAGS),  # arch: the GPUs present, or TORCH_CUDA_ARCH_LIST
+        extra_ldflags=sources.link_flags(cpp_extension.get_cxx_compiler()),
         build_directory=str(build),
         verbose=verbose,
     )

@@ -9,6 +9,7 @@ KernelBench harness is not part of it: it builds its own extension (edgedot/kern
 """
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 # Translation units of the extension, relative to the package folder (edgedot/), in link order.
@@ -55,6 +56,31 @@ CXX_FLAGS = ["-O3"]
 # No -arch here: the JIT build targets the GPUs present (or TORCH_CUDA_ARCH_LIST), setup.py its
 # own default list.
 NVCC_FLAGS = ["-O3", "-lineinfo"]
+
+def link_flags(compiler, maps="/proc/self/maps"):
+    """Linker inputs that keep one C++ runtime in the process: ``[]``, or the ``libstdc++`` this
+    process loaded.
+
+    A compiler without a shared ``libstdc++`` of its own (``compiler -print-file-name=libstdc++.so``
+    names no file) links its static archive into the extension: a second copy of the C++ runtime
+    beside the one torch uses, whose streams crashed on numbers (docs/performance.md). Given the
+    loaded ``libstdc++.so.6`` (found in ``maps``, this process's memory map, after torch is
+    imported), the linker takes the runtime from it and nothing from the archive.
+    """
+    try:
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                               timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if Path(found).is_absolute() and Path(found).exists():
+        return []
+    try:
+        with open(maps) as lines:
+            loaded = sorted({line.split()[-1] for line in lines if "/libstdc++.so" in line})
+    except OSError:
+        return []
+    return loaded[:1]
+
 
 SOURCE_SUFFIXES = (".cu", ".cpp")
 HEADER_SUFFIXES = (".h", ".cuh")
