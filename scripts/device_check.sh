@@ -103,7 +103,18 @@ for stage in $stages; do
   start=$(date +%s)
   case $stage in
     build)
-      python3 -c "from edgedot.runtime.build import cuda_module; cuda_module()" ;;
+      # Then the C++ runtime the module links (docs/install.md, "One C++ runtime"): the compiler's
+      # answer, the module's NEEDED entries, and whether it defines std::locale (a private copy).
+      python3 -c "
+from torch.utils import cpp_extension
+from edgedot.runtime import build, sources
+module = build.cuda_module()
+compiler = cpp_extension.get_cxx_compiler()
+print('compiler', compiler, 'links the shared runtime:', sources.links_shared_runtime(compiler),
+      'flags:', sources.link_flags(compiler))
+print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
+      so=$(find "$EDGEDOT_CACHE" -name '*.so' | head -n 1)
+      [ -n "$so" ] && echo "std::locale symbols defined: $(nm -C --defined-only "$so" | grep -c 'std::locale')" ;;
     tests)
       # Workers share the GPU; no test depends on another's timing. Each result is logged as it
       # comes (-v), so a run cut short by the call's time limit still names its failures. With

@@ -280,39 +280,95 @@ def test_installed_prebuilt_for_another_torch_is_refused(tmp_path):
         in proc.stderr
 
 
-def _fake_compiler(tmp_path, answer):
-    """An executable that answers ``-print-file-name=libstdc++.so`` with ``answer``, as g++ does."""
-    path = tmp_path / "fake-g++"
-    path.write_text(f"#!/bin/sh\necho '{answer}'\n")
+def _compiler(tmp_path, name, body):
+    """An executable shell script standing in for a C++ compiler."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
     path.chmod(0o755)
     return str(path)
 
 
-def test_link_flags_keep_a_compiler_with_its_own_shared_runtime(tmp_path):
-    """A compiler whose shared libstdc++ exists links as usual: no extra inputs."""
-    own = tmp_path / "libstdc++.so"
-    own.write_text("")
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libstdc++.so.6.0.33\n")
-    assert sources.link_flags(_fake_compiler(tmp_path, own), maps) == []
+_CXX = shutil.which("c++") or shutil.which("g++")
+needs_cxx = pytest.mark.skipif(_CXX is None or not Path("/proc/self/maps").exists(),
+                               reason="needs a C++ compiler and /proc")
 
 
-def test_link_flags_give_a_static_only_compiler_the_loaded_runtime(tmp_path):
-    """A compiler with no shared libstdc++ (it prints the bare name) gets the one the process loaded,
-    whatever its version suffix; without one loaded, or without the compiler, nothing is added."""
+def test_elf_needed_reads_the_shared_libraries_a_binary_names(tmp_path):
+    """torch's own extension module names libtorch_python; a file that is not ELF is refused."""
+    assert "libtorch_python.so" in sources.elf_needed(torch._C.__file__)
+    other = tmp_path / "not-elf.so"
+    other.write_bytes(b"#!/bin/sh\n" + bytes(100))
+    with pytest.raises(ValueError, match="not a 64-bit little-endian ELF file"):
+        sources.elf_needed(other)
+
+
+@needs_cxx
+def test_link_flags_read_the_loaded_runtime_from_the_memory_map(tmp_path):
+    """For a compiler that links the archive, the runtime the map lists, whatever its version
+    suffix; without one loaded, nothing."""
+    static = _compiler(tmp_path, "static-c++", f'exec {_CXX} -static-libstdc++ "$@"')
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
                     "7f02-7f03 r--p 0 08:01 1 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
                     "7f04-7f05 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6\n")
-    static_only = _fake_compiler(tmp_path, "libstdc++.so")
-    assert sources.link_flags(static_only, maps) == ["/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33"]
+    assert sources.link_flags(static, maps) == ["/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33"]
     maps.write_text("7f04-7f05 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6\n")
-    assert sources.link_flags(static_only, maps) == []
-    assert sources.link_flags(str(tmp_path / "no-such-compiler"), maps) == []
+    assert sources.link_flags(static, maps) == []
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
-def test_link_flags_find_torchs_runtime_in_this_process(tmp_path):
-    """In this process (torch imported) the loaded libstdc++ is found and exists."""
-    flags = sources.link_flags(_fake_compiler(tmp_path, "libstdc++.so"))
-    assert len(flags) == 1 and "libstdc++.so" in flags[0] and Path(flags[0]).exists()
+@needs_cxx
+def test_link_flags_ask_the_compiler(tmp_path):
+    """A compiler that links the shared runtime gets nothing added; one that links the archive
+    (here by -static-libstdc++, as a compiler built without the shared library does) gets the
+    runtime this process loaded (torch imported), an existing file; a compiler that is missing or
+    fails adds nothing, and the build reports its own error."""
+    sources.links_shared_runtime.cache_clear()
+    assert sources.links_shared_runtime(_CXX) and sources.link_flags(_CXX) == []
+    static = _compiler(tmp_path, "static-c++", f'exec {_CXX} -static-libstdc++ "$@"')
+    assert not sources.links_shared_runtime(static)
+    flags = sources.link_flags(static)
+    assert len(flags) == 1 and "/libstdc++.so" in flags[0] and Path(flags[0]).exists()
+    assert sources.link_flags(str(tmp_path / "no-such-compiler")) == []
+    assert sources.link_flags(_compiler(tmp_path, "failing-c++", "exit 1")) == []
+
+
+_MESSAGE_EXTENSION = r"""
+#include <torch/extension.h>
+void fail(int64_t n) { TORCH_CHECK(false, "bad value ", n, " of ", 2.5, " here"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("fail", &fail); }
+"""
+
+_BUILD_AND_RAISE = """
+import sys
+import torch
+from torch.utils import cpp_extension
+from edgedot.runtime import sources
+compiler = cpp_extension.get_cxx_compiler()
+flags = sources.link_flags(compiler)
+module = cpp_extension.load(name="edgedot_runtime_probe", sources=[sys.argv[1]], extra_ldflags=flags,
+                            build_directory=sys.argv[2])
+print("NEEDED", sources.elf_needed(module.__file__))
+try:
+    module.fail(5)
+except RuntimeError as error:
+    print("MESSAGE", str(error).splitlines()[0])
+"""
+
+
+@needs_cxx
+def test_an_extension_built_by_a_static_runtime_compiler_keeps_its_messages(tmp_path):
+    """End to end: an extension built (by torch's cpp_extension, as the JIT build is) with a compiler
+    that links libstdc++ statically, given link_flags, names the process's shared runtime and
+    formats numbers in a check's message (without the flags, this platform's static copy lost
+    everything after the first number's place)."""
+    source = tmp_path / "probe_ext.cpp"
+    source.write_text(_MESSAGE_EXTENSION)
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    env = dict(os.environ, CXX=_compiler(tmp_path, "static-c++", f'exec {_CXX} -static-libstdc++ "$@"'))
+    proc = subprocess.run([sys.executable, "-c", _BUILD_AND_RAISE, str(source), str(build_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("NEEDED", "MESSAGE")))
+    assert "libstdc++.so" in lines["NEEDED"]
+    assert lines["MESSAGE"] == "bad value 5 of 2.5 here"

@@ -8,8 +8,11 @@ package. A new ``.cu`` or ``.cpp`` file joins the extension by one entry in ``SO
 KernelBench harness is not part of it: it builds its own extension (edgedot/kernelbench/extension.py).
 """
 
+import functools
 import hashlib
+import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 # Translation units of the extension, relative to the package folder (edgedot/), in link order.
@@ -57,22 +60,19 @@ CXX_FLAGS = ["-O3"]
 # own default list.
 NVCC_FLAGS = ["-O3", "-lineinfo"]
 
+
 def link_flags(compiler, maps="/proc/self/maps"):
     """Linker inputs that keep one C++ runtime in the process: ``[]``, or the ``libstdc++`` this
     process loaded.
 
-    A compiler without a shared ``libstdc++`` of its own (``compiler -print-file-name=libstdc++.so``
-    names no file) links its static archive into the extension: a second copy of the C++ runtime
-    beside the one torch uses, whose streams crashed on numbers (docs/performance.md). Given the
-    loaded ``libstdc++.so.6`` (found in ``maps``, this process's memory map, after torch is
-    imported), the linker takes the runtime from it and nothing from the archive.
+    A compiler that links ``libstdc++`` statically into a shared object (one built without the
+    shared library, or whose specs ask for the archive) puts a second copy of the C++ runtime in the
+    extension, beside the one torch uses; that copy's streams dropped or crashed on numbers in
+    messages (NOTES.md, 2026-12-05). :func:`links_shared_runtime` asks the compiler; where it links
+    the archive, the loaded ``libstdc++.so.6`` (found in ``maps``, this process's memory map, after
+    torch is imported) goes to the linker ahead of it, and the linker takes the runtime from there.
     """
-    try:
-        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
-                               timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if Path(found).is_absolute() and Path(found).exists():
+    if links_shared_runtime(compiler):
         return []
     try:
         with open(maps) as lines:
@@ -80,6 +80,56 @@ def link_flags(compiler, maps="/proc/self/maps"):
     except OSError:
         return []
     return loaded[:1]
+
+
+_PROBE = "#include <sstream>\n#include <string>\n" \
+         "std::string edgedot_probe(long n) { std::ostringstream s; s << n; return s.str(); }\n"
+
+
+@functools.lru_cache(maxsize=None)
+def links_shared_runtime(compiler):
+    """Whether ``compiler`` links a shared object that uses C++ streams against the shared
+    ``libstdc++`` (its ``DT_NEEDED`` entries name it). A probe of a few lines is built to find out
+    (about a second, once a process). True where the probe cannot be built: then nothing is
+    changed in the build, which reports its own errors."""
+    with tempfile.TemporaryDirectory(prefix="edgedot-probe-") as folder:
+        source, shared = Path(folder) / "probe.cpp", Path(folder) / "probe.so"
+        source.write_text(_PROBE)
+        try:
+            built = subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shared), str(source)],
+                                   capture_output=True, timeout=300).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return True
+        if not built:
+            return True
+        try:
+            needed = elf_needed(shared)
+        except (OSError, ValueError, struct.error):
+            return True
+    return any(name.startswith("libstdc++.so") for name in needed)
+
+
+def elf_needed(path):
+    """The ``DT_NEEDED`` entries (shared libraries a binary names) of a 64-bit little-endian ELF
+    file. ValueError for anything else."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    section_offset, = struct.unpack_from("<Q", data, 0x28)
+    section_size, sections = struct.unpack_from("<HH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * section_size) for i in range(sections)]
+    needed = []
+    for _, kind, _, _, offset, size, link, _, _, _ in headers:
+        if kind != 6:  # SHT_DYNAMIC
+            continue
+        strings = headers[link][4]
+        for tag, value in struct.iter_unpack("<qQ", data[offset:offset + size]):
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strings + value)
+                needed.append(data[strings + value:end].decode())
+    return needed
 
 
 SOURCE_SUFFIXES = (".cu", ".cpp")
