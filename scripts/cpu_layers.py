@@ -2,6 +2,7 @@
 from a toy one to ogbn-arxiv-like density: the evidence behind docs/performance.md's CPU table.
 
     python scripts/cpu_layers.py [--threads 2] [--cases tiny,cora,pubmed,20k,batch]
+                                 [--layers TransformerConv,GATConv,GATv2Conv]
 
 Each layer is called as ``conv(x, edge_index)`` with default options (the GAT layers add
 self-loops) on uniform random edges, and ``out.sum()`` is differentiated. ``batch`` is shaped
@@ -29,6 +30,7 @@ CASES = {
     "20k": (20000, 400000, 128, 4, 32),
     "batch": (16384, 40960, 100, 4, 32),
 }
+LAYERS = ("TransformerConv", "GATConv", "GATv2Conv")
 STEPS = {"tiny": 200, "cora": 30, "pubmed": 8, "20k": 5, "batch": 15}
 
 
@@ -42,6 +44,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--layers", default=",".join(LAYERS))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     import torch_geometric.nn as pyg
@@ -54,7 +57,7 @@ def main():
         edge_index = torch.randint(nodes, (2, edges), generator=gen)
         if case == "batch":
             edge_index[1] = torch.arange(nodes // 2).repeat_interleave(edges // (nodes // 2))
-        for name in ("TransformerConv", "GATConv", "GATv2Conv"):
+        for name in args.layers.split(","):
             theirs = getattr(pyg, name)(features, channels, heads=heads)
             ours = getattr(edgedot.nn, name)(features, channels, heads=heads)
             ours.load_state_dict(theirs.state_dict())

@@ -139,6 +139,28 @@ def test_fused_projection_matches_separate(device):
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(bias=False), dict(beta=True), dict(concat=False),
+                                     dict(heads=1, concat=False), dict(root_weight=False)],
+                         ids=["default", "nobias", "beta", "mean", "h1-mean", "noroot"])
+def test_skip_in_the_projection_gemm(options, monkeypatch):
+    """On the CPU, an x of 2^18 elements or more, wider than the heads' width, takes lin_skip into
+    the query/key/value GEMM as a fourth block where the skip has their shape (not for averaged
+    heads, nor without root_weight): float64 outputs and gradients still match PyG's."""
+    options = dict(dict(heads=2), **options)
+    theirs, ours = _pair(1000, 8, "cpu", **options)
+    g = gen(6)
+    x = rand_feat((300, 1000), torch.float64, "cpu", g, requires_grad=True)
+    edge_index = _graph(300, 300, 900, "cpu", g)
+    sides = []
+    linear_sides = type(ours)._linear_sides
+    monkeypatch.setattr(type(ours), "_linear_sides",
+                        lambda self, *args: sides.append(args[3]) or linear_sides(self, *args))
+    _assert_same(_outputs_and_grads(ours, x, edge_index, None), _outputs_and_grads(theirs, x, edge_index, None),
+                 rtol=1e-11)
+    folds = options.get("root_weight", True) and (options.get("concat", True) or options["heads"] == 1)
+    assert sides == [4 if folds else 3]
+
+
 def _dropout_as_mask(keep):
     """A stand-in for torch.nn.functional inside PyG's module: its dropout applies ``keep``."""
     def dropout(alpha, p=0.5, training=True):
