@@ -1,7 +1,8 @@
 """Where a training step's time goes on fresh neighbour-sampled mini-batches, on a CUDA machine:
 the evidence behind docs/performance.md's mini-batch profile.
 
-    python scripts/profile_minibatch.py [--dtype float32] [--fanout 10] [--seeds 16384] [--json FILE]
+    python scripts/profile_minibatch.py [--dtype float32] [--fanout 10] [--seeds 16384] [--kernels] [--shapes]
+                                        [--host] [--json FILE]
 
 The batch is what PyG's ``NeighborLoader`` hands over: ``seeds`` destination nodes (0 .. seeds-1)
 with ``fanout`` in-edges each from sources drawn among ``11 * seeds`` nodes, grouped by
@@ -117,14 +118,15 @@ def median_us(call, backward, reps, warmup=20):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in times)
 
 
-def profile_calls(call, calls=20):
-    """Per forward+backward call: kernels, their device µs, host µs to issue it, host waits."""
+def profile_calls(call, calls=20, shapes=False):
+    """Per forward+backward call: kernels, their device µs, host µs to issue it, host waits; with
+    ``shapes``, also the operators that launched the most device time, with their input shapes."""
     for step in range(5):
         call(step, True)
     torch.cuda.synchronize()
     host = []
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=shapes) as prof:
         for step in range(calls):
             begin = time.perf_counter()
             call(step, True)
@@ -150,7 +152,14 @@ def profile_calls(call, calls=20):
     top = sorted(per_kernel.items(), key=lambda item: -item[1][1])[:12]
     # Where the host's time goes: operators and runtime calls by their own (self) CPU time.
     host_ops = sorted(prof.key_averages(), key=lambda avg: -avg.self_cpu_time_total)[:12]
-    return {"kernels": kernels / calls, "launches": launches / calls, "device_us": device_us / calls,
+    launchers = []
+    if shapes:  # an operator's self device time is that of the kernels it launched itself
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        by_shape = sorted(by_shape, key=lambda avg: -avg.self_device_time_total)[:12]
+        launchers = [(avg.key[:60], str(avg.input_shapes)[:140], avg.count / calls,
+                      avg.self_device_time_total / calls) for avg in by_shape if avg.self_device_time_total > 0]
+    return {"launchers": launchers,
+            "kernels": kernels / calls, "launches": launches / calls, "device_us": device_us / calls,
             "host_us": 1e6 * statistics.median(host), "waits": waits / calls,
             "top_kernels": [(name, count / calls, total / calls) for name, (count, total) in top],
             "top_host_ops": [(avg.key[:90], avg.count / calls, avg.self_cpu_time_total / calls) for avg in host_ops]}
@@ -208,6 +217,8 @@ def main():
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--paths", default="", help="comma-separated substrings of the paths to run")
     parser.add_argument("--kernels", action="store_true", help="also each path's costliest kernels per call")
+    parser.add_argument("--shapes", action="store_true",
+                        help="also the operators that launched the most device time, with their input shapes")
     parser.add_argument("--host", action="store_true",
                         help="also each path's host time without the profiler and its cProfile top functions")
     parser.add_argument("--json", help="write the results here")
@@ -224,7 +235,7 @@ def main():
             continue
         forward = median_us(call, False, args.reps)
         both = median_us(call, True, args.reps)
-        prof = profile_calls(call)
+        prof = profile_calls(call, shapes=args.shapes)
         sites = sync_sites(call)
         results[name] = dict(forward_us=forward, forward_backward_us=both, sync_sites=sites, **prof)
         print(f"{name:24s} {forward:8.1f} {both:8.1f} {prof['kernels']:8.1f} {prof['launches']:8.1f} "
@@ -236,6 +247,10 @@ def main():
             print("    host, by own CPU time (profiled, so inflated):")
             for op, count, host_us in prof["top_host_ops"]:
                 print(f"    {host_us:8.1f} us {count:4.1f}x  {op}")
+        if args.shapes:
+            print("    operators by the device time of the kernels they launched:")
+            for op, shapes, count, device_us in prof["launchers"]:
+                print(f"    {device_us:8.1f} us {count:4.1f}x  {op}  {shapes}")
         if args.host:
             plain_us, table = host_profile(call)
             results[name]["host_us_plain"] = plain_us
