@@ -200,6 +200,22 @@ def test_dropout_train_and_eval(device, monkeypatch):
     assert not torch.equal(ours(x, edge_index, edge_attr), again)  # the generator moved on
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_edge_index_gives_the_int64_gradients(device):
+    """An int32 edge_index: outputs, weights and gradients equal PyG's on the int64 one (PyG's own
+    layer on the int32 one gets other gradients: docs/api.md)."""
+    theirs, ours = _pair(5, 3, device, heads=2, edge_dim=4)
+    g = gen(9)
+    x = rand_feat((12, 5), torch.float64, device, g, requires_grad=True)
+    edge_index = _graph(12, 12, 50, device, g, torch.int32)
+    edge_attr = rand_feat((50, 4), torch.float64, device, g, requires_grad=True)
+    ours_result = _outputs_and_grads(ours, x, edge_index, edge_attr)
+    theirs_result = _outputs_and_grads(theirs, x, edge_index.long(), edge_attr)
+    out, ei, alpha, grads = ours_result
+    assert ei.dtype == torch.int32 and torch.equal(ei.long(), theirs_result[1])
+    _assert_same((out, theirs_result[1], alpha, grads), theirs_result)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("device", DEVICES)
 def test_low_precision(device, dtype):
