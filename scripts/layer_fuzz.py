@@ -1,7 +1,8 @@
 """Differential fuzz of the PyG drop-ins: edgedot.nn's TransformerConv, GATConv and GATv2Conv
-against PyG's layers with the same weights, on random options, graphs and calls (float64, CPU).
+against PyG's layers with the same weights, on random options, graphs and calls (float64, on the
+CPU or, with ``--device cuda``, both layers on the GPU).
 
-    python scripts/layer_fuzz.py [--start 0] [--count 3000]
+    python scripts/layer_fuzz.py [--start 0] [--count 3000] [--device cpu]
 
 Each seed draws a layer (heads, concat, bias, edge_dim, beta, root_weight, self-loops, slope,
 residual, fill_value, share_weights; square or bipartite inputs), a graph (0 to 40 edges with
@@ -62,7 +63,7 @@ def adjacency(form, edge_index, num_src, num_dst):
     if form == "edge_index":
         return EdgeIndex(edge_index.long(), sparse_size=(num_src, num_dst))
     if form in ("csr", "coo"):
-        values = torch.ones(edge_index.shape[1], dtype=torch.float64)
+        values = torch.ones(edge_index.shape[1], dtype=torch.float64, device=edge_index.device)
         adj = torch.sparse_coo_tensor(edge_index.long().flip(0), values, (num_dst, num_src)).coalesce()
         return adj.to_sparse_csr() if form == "csr" else adj
     return edge_index
@@ -103,15 +104,15 @@ def compare(ours, theirs):
     return "ok", ""
 
 
-def run(seed):
+def run(seed, device):
     rng = random.Random(seed)
     kind, fin, out_channels, kw, bipartite = draw_layer(rng)
     torch.manual_seed(seed)
     try:
-        theirs = getattr(pyg, kind)(fin, out_channels, **kw).double()
+        theirs = getattr(pyg, kind)(fin, out_channels, **kw).to(device, torch.float64)
     except Exception:
         return "PyG refuses the options", ""
-    ours = getattr(edgedot.nn, kind)(fin, out_channels, **kw).double()
+    ours = getattr(edgedot.nn, kind)(fin, out_channels, **kw).to(device, torch.float64)
     ours.load_state_dict(theirs.state_dict())
     num_src = rng.randint(1, 12)
     num_dst = rng.randint(1, 12) if bipartite else num_src
@@ -122,7 +123,7 @@ def run(seed):
     if num_edges and rng.random() < 0.3:
         dst, order = torch.sort(dst)
         src = src[order]
-    edge_index = torch.stack([src, dst])
+    edge_index = torch.stack([src, dst]).to(device)
     if rng.random() < 0.2:
         edge_index = edge_index.to(torch.int32)
     form = "tensor" if kw.get("edge_dim") else rng.choice(["tensor", "tensor", "edge_index", "csr", "coo"])
@@ -134,13 +135,13 @@ def run(seed):
     if kind != "TransformerConv" and rng.random() < 0.2:
         kwargs["size"] = (num_src, num_dst)
     f_src, f_dst = fin if isinstance(fin, tuple) else (fin, fin)
-    x_src = torch.randn(num_src, f_src, dtype=torch.float64, generator=g, requires_grad=True)
-    x = (x_src, torch.randn(num_dst, f_dst, dtype=torch.float64, generator=g, requires_grad=True)) if bipartite \
-        else x_src
+    x_src = torch.randn(num_src, f_src, dtype=torch.float64, generator=g).to(device).requires_grad_()
+    x = (x_src, torch.randn(num_dst, f_dst, dtype=torch.float64, generator=g).to(device).requires_grad_()) \
+        if bipartite else x_src
     inputs = list(x) if bipartite else [x_src]
     edge_attr = None
     if "edge_dim" in kw and rng.random() < 0.8:
-        edge_attr = torch.randn(num_edges, kw["edge_dim"], dtype=torch.float64, generator=g)
+        edge_attr = torch.randn(num_edges, kw["edge_dim"], dtype=torch.float64, generator=g).to(device)
     ours_result = call(ours, x, adjacency(form, edge_index, num_src, num_dst), edge_attr, kwargs, inputs)
     theirs_result = call(theirs, x, adjacency(form, edge_index.long(), num_src, num_dst), edge_attr, kwargs, inputs)
     kind_of, detail = compare(ours_result, theirs_result)
@@ -152,12 +153,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--count", type=int, default=3000)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     counts = {}
     for seed in range(args.start, args.start + args.count):
         try:
-            kind_of, detail = run(seed)
+            kind_of, detail = run(seed, args.device)
         except Exception:
             kind_of, detail = "CRASH", f"seed {seed}\n{traceback.format_exc()}"
         counts[kind_of] = counts.get(kind_of, 0) + 1
