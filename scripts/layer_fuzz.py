@@ -1,5 +1,5 @@
-"""Differential fuzz of the PyG drop-ins: edgedot.nn's TransformerConv, GATConv and GATv2Conv
-against PyG's layers with the same weights, on random options, graphs and calls (float64, on the
+"""Differential fuzz of the PyG drop-ins: edgedot.nn's TransformerConv, GATConv, GATv2Conv and
+AGNNConv against PyG's layers with the same weights, on random options, graphs and calls (float64, on the
 CPU or, with ``--device cuda``, both layers on the GPU).
 
     python scripts/layer_fuzz.py [--start 0] [--count 3000] [--device cpu]
@@ -29,7 +29,7 @@ from torch_geometric import EdgeIndex
 
 import edgedot.nn
 
-LAYERS = ("TransformerConv", "GATConv", "GATv2Conv")
+LAYERS = ("TransformerConv", "GATConv", "GATv2Conv", "AGNNConv")
 
 
 def rel(a, b):
@@ -42,6 +42,9 @@ def dense_index(t):
 
 def draw_layer(rng):
     kind = rng.choice(LAYERS)
+    if kind == "AGNNConv":  # (x) -> x: square graphs, no edge features
+        return kind, rng.randint(1, 6), None, dict(requires_grad=rng.random() < 0.7,
+                                                   add_self_loops=rng.random() < 0.6), False
     bipartite = rng.random() < 0.3
     fin = (rng.randint(1, 6), rng.randint(1, 6)) if bipartite else rng.randint(1, 6)
     kw = dict(heads=rng.randint(1, 3), concat=rng.random() < 0.6, bias=rng.random() < 0.7)
@@ -109,10 +112,11 @@ def run(seed, device):
     kind, fin, out_channels, kw, bipartite = draw_layer(rng)
     torch.manual_seed(seed)
     try:
-        theirs = getattr(pyg, kind)(fin, out_channels, **kw).to(device, torch.float64)
+        shape = () if kind == "AGNNConv" else (fin, out_channels)
+        theirs = getattr(pyg, kind)(*shape, **kw).to(device, torch.float64)
     except Exception:
         return "PyG refuses the options", ""
-    ours = getattr(edgedot.nn, kind)(fin, out_channels, **kw).to(device, torch.float64)
+    ours = getattr(edgedot.nn, kind)(*shape, **kw).to(device, torch.float64)
     ours.load_state_dict(theirs.state_dict())
     num_src = rng.randint(1, 12)
     num_dst = rng.randint(1, 12) if bipartite else num_src
@@ -130,9 +134,9 @@ def run(seed, device):
     if kw.get("add_self_loops") and form in ("csr", "coo"):
         form = "tensor"
     kwargs = {}
-    if rng.random() < 0.7:
+    if rng.random() < 0.7 and kind != "AGNNConv":
         kwargs["return_attention_weights"] = rng.choice([True, False])
-    if kind != "TransformerConv" and rng.random() < 0.2:
+    if kind == "GATConv" and rng.random() < 0.2:  # (GATv2Conv takes no size)
         kwargs["size"] = (num_src, num_dst)
     f_src, f_dst = fin if isinstance(fin, tuple) else (fin, fin)
     x_src = torch.randn(num_src, f_src, dtype=torch.float64, generator=g).to(device).requires_grad_()
