@@ -84,7 +84,8 @@ def call(layer, x, edge_index, edge_attr, kwargs, inputs):
 
 def compare(ours, theirs):
     if ours[0] != theirs[0]:
-        return "MISMATCH", f"ours={ours[0]} {ours[1:] if ours[0] == 'err' else ''} theirs={theirs[1:] if theirs[0] == 'err' else 'ok'}"
+        theirs_said = theirs[1:] if theirs[0] == "err" else "ok"
+        return "MISMATCH", f"ours={ours[0]} {ours[1:] if ours[0] == 'err' else ''} theirs={theirs_said}"
     if ours[0] == "err":
         return "both raise", ""
     out_a, out_b = (r[1][0] if isinstance(r[1], tuple) else r[1] for r in (ours, theirs))

@@ -104,7 +104,8 @@ def run(seed, device, dtype):
         check = lambda t: reference.graph_attention_reference(t[0], t[1], t[2], src, dst, scale=scale,
                                                               edge_feat=edge(t))
     elif op == "gat_attention":
-        inputs = [feature((num_src, heads, dim), g, device, dtype, rng), feature((num_src, heads), g, device, dtype, rng),
+        inputs = [feature((num_src, heads, dim), g, device, dtype, rng),
+                  feature((num_src, heads), g, device, dtype, rng),
                   feature((num_dst, heads), g, device, dtype, rng)]
         if rng.random() < 0.3:
             inputs.append(feature((num_edges, heads), g, device, dtype, rng))

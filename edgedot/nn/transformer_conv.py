@@ -65,7 +65,8 @@ class TransformerConv(Projections, MessagePassing):
     Unlike PyG, the fused path raises ``ValueError`` for ``edge_attr`` without ``edge_dim``.
     """
     _alpha: OptTensor
-    # One GEMM for query, key and value when all three are plain Linear layers (_pyg.plain_linear).
+    # One GEMM for query, key and value when all three are plain Linear layers (_pyg.plain_linear),
+    # with lin_skip too where _skip_in_gemm says so.
     _fusable = ("lin_query", "lin_key", "lin_value", "lin_skip")
 
     def __init__(self, in_channels, out_channels, heads=1, concat=True, beta=False, dropout=0., edge_dim=None,
@@ -262,8 +263,9 @@ class TransformerConv(Projections, MessagePassing):
                     if self.lin_skip.bias is not None:
                         biases.append(self.lin_skip.bias)
                 bias: OptTensor = torch.cat(biases) if len(biases) > 0 else None
-                # q, k, v: column blocks of the one projection ([N, 3, H, C]), whose gradients the
-                # op writes into one such buffer for the GEMMs' backward (_linear_sides).
+                # q, k, v (and the skip): column blocks of the one projection ([N, sides, H, C]);
+                # on CUDA the op writes q, k and v's gradients into one such buffer for the GEMMs'
+                # backward (_linear_sides).
                 sides = self._linear_sides(x_dst, torch.cat(weights), bias, len(weights))
                 query, key, value = [sides[i].view(-1, heads, channels) for i in range(3)]
                 if len(sides) == 4:
@@ -287,13 +289,13 @@ class TransformerConv(Projections, MessagePassing):
 
     def _skip_in_gemm(self, x_dst: Tensor) -> bool:
         """Whether ``lin_skip`` joins the query, key and value GEMM as a fourth block: on the CPU,
-        for a plain ``lin_skip`` of their width and bias, where ``x`` is wider than a block. The
+        for a plain ``lin_skip`` of their shape and bias, where ``x`` is wider than a block. The
         GEMMs then read ``x`` once less and autograd adds no two gradients of ``x``, while the
         blocks' gradients, stacked for the GEMM's backward, take the skip's too: a gain where
-        ``x``'s rows are the wider (2 cores, forward + backward against PyG's: Cora's 1,433 features
-        against 64, 0.885 -> 0.82; PubMed's 500, 0.80 -> 0.745; but 100 against 128, 0.94 -> 1.01). On CUDA the extension joins the blocks' gradients without
-        a copy only where the attention op wrote them into one buffer, which the skip's is not:
-        not there."""
+        ``x``'s rows are the wider (2 cores, forward + backward against PyG's: Cora's 1,433
+        features against 64, 0.885 -> 0.82; PubMed's 500, 0.80 -> 0.745; but 100 against 128,
+        0.94 -> 1.01). On CUDA the extension joins the blocks' gradients without a copy only where
+        the attention op wrote them into one buffer, which the skip's is not: not there."""
         if not self.root_weight or x_dst.is_cuda or not hasattr(self.lin_skip, "weight") \
                 or not self._plain(["lin_skip"]):
             return False
