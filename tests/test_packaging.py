@@ -328,6 +328,7 @@ def test_link_flags_ask_the_compiler(tmp_path):
     assert not sources.links_shared_runtime(static)
     flags = sources.link_flags(static)
     assert len(flags) == 1 and "/libstdc++.so" in flags[0] and Path(flags[0]).exists()
+    assert not sources.links_shared_runtime(f"env {static}")  # a command of two words, as CXX may hold
     assert sources.link_flags(str(tmp_path / "no-such-compiler")) == []
     assert sources.link_flags(_compiler(tmp_path, "failing-c++", "exit 1")) == []
 

@@ -10,6 +10,7 @@ KernelBench harness is not part of it: it builds its own extension (edgedot/kern
 
 import functools
 import hashlib
+import shlex
 import struct
 import subprocess
 import tempfile
@@ -88,16 +89,17 @@ _PROBE = "#include <sstream>\n#include <string>\n" \
 
 @functools.lru_cache(maxsize=None)
 def links_shared_runtime(compiler):
-    """Whether ``compiler`` links a shared object that uses C++ streams against the shared
-    ``libstdc++`` (its ``DT_NEEDED`` entries name it). A probe of a few lines is built to find out
+    """Whether ``compiler`` (a command, as ``CXX`` holds it) links a shared object that uses C++
+    streams against the shared ``libstdc++`` (its ``DT_NEEDED`` entries name it). A probe of a few lines is built to find out
     (about a second, once a process). True where the probe cannot be built: then nothing is
     changed in the build, which reports its own errors."""
     with tempfile.TemporaryDirectory(prefix="edgedot-probe-") as folder:
         source, shared = Path(folder) / "probe.cpp", Path(folder) / "probe.so"
         source.write_text(_PROBE)
         try:
-            built = subprocess.run([compiler, "-shared", "-fPIC", "-o", str(shared), str(source)],
-                                   capture_output=True, timeout=300).returncode == 0
+            # (CXX may hold a command of several words, "ccache g++".)
+            command = shlex.split(compiler) + ["-shared", "-fPIC", "-o", str(shared), str(source)]
+            built = subprocess.run(command, capture_output=True, timeout=300).returncode == 0
         except (OSError, subprocess.SubprocessError):
             return True
         if not built:
