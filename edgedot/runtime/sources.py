@@ -100,7 +100,7 @@ def links_shared_runtime(compiler):
             # (CXX may hold a command of several words, "ccache g++".)
             command = shlex.split(compiler) + ["-shared", "-fPIC", "-o", str(shared), str(source)]
             built = subprocess.run(command, capture_output=True, timeout=300).returncode == 0
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, ValueError, subprocess.SubprocessError):  # (ValueError: shlex, on unbalanced quotes)
             return True
         if not built:
             return True
