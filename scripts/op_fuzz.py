@@ -38,7 +38,7 @@ OPS = ("edge_dot", "graph_attention", "gat_attention", "gatv2_attention", "agnn_
 def rel(got, want):
     """Relative error against a norm of at least 1: the inputs and output gradients are of order 1,
     so a gradient that cancels to (near) zero is held to its terms' scale, not to its own."""
-    return ((got.double() - want).norm() / want.norm().clamp_min(1.0)).item() if want.numel() else 0.0
+    return ((got.double().to(want.device) - want).norm() / want.norm().clamp_min(1.0)).item() if want.numel() else 0.0
 
 
 def feature(shape, g, device, dtype, rng):
@@ -91,7 +91,7 @@ def run(seed, device, dtype):
         p = rng.choice([0.1, 0.5, 0.9])
         generator = torch.Generator(device).manual_seed(seed)
         keep = dropout_keep(next_dropout_state(device, generator), num_edges, heads, p, device)
-        drop, ref_drop = dict(dropout_p=p, generator=generator), dict(keep=keep.cpu(), dropout_p=p)
+        drop, ref_drop = dict(dropout_p=p, generator=generator), dict(keep=keep, dropout_p=p)
     if op != "edge_dot" and rng.random() < 0.4:
         kwargs["return_attention"] = True
     if op == "edge_dot":
@@ -172,9 +172,9 @@ def run(seed, device, dtype):
                 continue
         if got.shape != want[i].shape:
             return "SHAPE", f"{desc}: {name} {tuple(got.shape)} {tuple(want[i].shape)}"
-        error = rel(got.cpu(), want[i])
+        error = rel(got, want[i])
         floor = (3e-5 if dtype == torch.float32 else 32 * torch.finfo(dtype).eps) / (1 - drop.get("dropout_p", 0))
-        bound = 1e-10 if dtype == torch.float64 else max(4 * rel(results["peer"][i].cpu(), want[i]), floor)
+        bound = 1e-10 if dtype == torch.float64 else max(4 * rel(results["peer"][i], want[i]), floor)
         if error > bound:
             if name.startswith("grad") and want[i].norm() < 1e-9:
                 return "cancelling gradient (known)", ""
