@@ -1,3 +1,7 @@
+import fcntl
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -12,6 +16,11 @@ def cpu_case(item):
     """Whether ``item`` is a case of a test parametrized over devices, for the CPU."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     return any(name in ("device", "dev") and str(value) == "cpu" for name, value in params.items())
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu_memory_heavy: needs tens of GB of device memory; such tests run one at "
+                                       "a time among the workers sharing a GPU")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,3 +52,20 @@ def _cuda_sync_after_test():
         # A check a test left unread (a bad graph passed on purpose) stays with that test.
         from edgedot.runtime.checks import deferred
         deferred.discard()
+
+
+@pytest.fixture(autouse=True)
+def _one_memory_heavy_test_at_a_time(request):
+    """Tests marked ``gpu_memory_heavy`` take a lock shared by the pytest-xdist workers and hand their
+    cached blocks back before releasing it: several at once fill an 80 GB card."""
+    if request.node.get_closest_marker("gpu_memory_heavy") is None:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "edgedot-tests-gpu-memory.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)

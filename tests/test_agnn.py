@@ -437,6 +437,7 @@ def test_cuda_records_give_the_recomputed_gradients(dtype, monkeypatch):
     assert_records_change_nothing(run, monkeypatch)
 
 
+@pytest.mark.gpu_memory_heavy
 @requires_cuda
 def test_cuda_hub_large():
     """A node with 300k in-edges and a source with 100k out-edges (float32, int32)."""

@@ -787,6 +787,7 @@ def test_cuda_head_dim_limit():
         edgedot.graph_attention(q[..., :8], k[..., :8], v.new_zeros(v.shape[0], v.shape[1], 300), src, dst)
 
 
+@pytest.mark.gpu_memory_heavy
 @requires_cuda
 def test_cuda_hub_million_edges():
     """A destination with a million incoming edges; the rest sparse."""

@@ -293,6 +293,7 @@ def test_schedules_take_one_launch_each():
     assert not any("DeviceScan" in name for name in names), names
 
 
+@pytest.mark.gpu_memory_heavy
 @requires_cuda
 def test_hub_accuracy_two_million_edges():
     """One node with 2,000,000 incoming edges, float32: relative error against float64 <= 1e-5 for

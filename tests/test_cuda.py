@@ -137,6 +137,7 @@ def test_cuda_index_views_wait_once():
         call_waits()
 
 
+@pytest.mark.gpu_memory_heavy
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_offsets_past_2_pow_31_elements(index_dtype):
     """Rows whose element offset exceeds 2**31, forward and both backward paths."""
@@ -179,6 +180,7 @@ def test_offsets_past_2_pow_31_elements(index_dtype):
 NEAR_2_POW_31_PEAK_BYTES = 40 * (2**31 - 1000)
 
 
+@pytest.mark.gpu_memory_heavy
 def test_edge_count_near_2_pow_31():
     """E = 2**31 - 1000 edges with int32 indices, D=1: within one grid stride of 2**31, where a
     32-bit grid-stride counter wraps negative (and wrote before the sort's keys). Forward, then the

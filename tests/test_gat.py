@@ -1026,6 +1026,7 @@ def test_cuda_channel_limit(kind):
         kind.call(kind.fn, feats, src, dst)
 
 
+@pytest.mark.gpu_memory_heavy
 @requires_cuda
 @kinds
 def test_cuda_hub_million_edges(kind):

@@ -62,6 +62,7 @@ def _check_both(row_idx, other_idx, num_rows, num_other):
         assert torch.equal(got[2 * i + 1], group_offsets(want, n)), f"side {i}: offsets"
 
 
+@pytest.mark.gpu_memory_heavy
 @requires_cuda
 def test_both_sides_mixed_dtypes_strides_and_empty_sides():
     rows, others = _indices("bad_others", 2 * 5001, 300, torch.int64, gen(6))
