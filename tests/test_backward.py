@@ -381,17 +381,26 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
             assert torch.equal(edgedot.edge_dot(s, d, src_idx, dst_idx), want[0])
 
 
-def test_cpu_eager_path_refuses_bad_indices():
-    """The recorded path checks the graph first: a negative index (which indexing would read from
-    the end) or one past the rows raises IndexError naming the index tensor."""
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("path", ["recorded", "no_grad", "no_grad_chunked", "op"])
+def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
+    """Every CPU path refuses a negative index (which indexing would read from the end) or one
+    past the rows with an IndexError naming the index tensor and its value: the recorded path
+    checks first, the forward without autograd lets its gathers find it."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+    if path == "no_grad_chunked":
+        monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 8)
     g = gen(13)
-    src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=True)
-    dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=True)
+    src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=path == "recorded")
+    dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=path == "recorded")
     for name, bad in (("src_idx", -1), ("src_idx", 6), ("dst_idx", -2), ("dst_idx", 5)):
-        src_idx, dst_idx = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
-        (src_idx if name == "src_idx" else dst_idx)[1] = bad
-        with pytest.raises(IndexError, match=name):
-            edgedot.edge_dot(src, dst, src_idx, dst_idx)
+        src_idx, dst_idx = torch.zeros(7, dtype=index_dtype), torch.zeros(7, dtype=index_dtype)
+        (src_idx if name == "src_idx" else dst_idx)[5] = bad
+        with pytest.raises(IndexError, match=f"{name} holds {bad}, outside"):
+            if path == "op":
+                torch.ops.edgedot.edge_dot(src, dst, src_idx, dst_idx, None, None, False, True)
+            else:
+                edgedot.edge_dot(src, dst, src_idx, dst_idx)
 
 
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)

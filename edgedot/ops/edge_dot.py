@@ -142,9 +142,17 @@ def check_cpu(src_feat, dst_feat, src_idx, dst_idx):
 
 
 def forward_cpu(src_feat, dst_feat, src_idx, dst_idx):
-    """The CPU forward behind both the custom op and the eager paths, after :func:`check_cpu`."""
-    shape = check_cpu(src_feat, dst_feat, src_idx, dst_idx)
-    return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+    """The CPU forward behind the custom op and the eager path without autograd, with its checks.
+    Its own gathers check the index ranges: ``index_select`` refuses an index outside the table
+    before reading it, and the refusal becomes :func:`check_graph`'s error naming the argument.
+    That spares two passes over the indices, a fifth of a small graph's call."""
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+    try:
+        return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+    except IndexError:
+        check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
+        raise
 
 
 def grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
