@@ -370,7 +370,8 @@ def _attention_args(device):
 def test_views_made_anew_each_call_are_checked_once(device, op, count_range_checks):
     """``edge_index[0]`` is a new tensor object on every call: on CUDA its range is still learned
     once per index (remembered on the base and the view's place in it), relearned after an
-    in-place write; the CPU remembers nothing and checks every call."""
+    in-place write; the CPU remembers nothing and checks every call (edge_dot's forward without
+    autograd by its own gathers: no separate pass)."""
     if op == "edge_dot" and device == "cuda":
         pytest.skip("the CUDA forward keeps its memo in the extension: test_cuda_index_views_wait_once")
     a = _good(device)
@@ -386,10 +387,11 @@ def test_views_made_anew_each_call_are_checked_once(device, op, count_range_chec
     for _ in range(4):
         torch.testing.assert_close(call(), first, rtol=0, atol=0)
     calls = 5 if device == "cpu" else 1
-    assert count_range_checks == [(True, True, False)] * calls
+    passes = 0 if device == "cpu" and op == "edge_dot" else 1
+    assert count_range_checks == [(True, True, False)] * calls * passes
     edge_index[1, 2] = 0  # in range, but a write: both views' entries are stale
     call()
-    assert count_range_checks == [(True, True, False)] * (calls + 1)
+    assert count_range_checks == [(True, True, False)] * (calls + 1) * passes
     edge_index[0, 3] = NUM_SRC
     with raises_checked(IndexError, match="src_idx"):
         call()
