@@ -382,17 +382,21 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", ["recorded", "no_grad", "no_grad_chunked", "op"])
+@pytest.mark.parametrize("path", ["recorded", "recorded_strided", "function", "no_grad", "no_grad_chunked", "op"])
 def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
     """Every CPU path refuses a negative index (which indexing would read from the end) or one
-    past the rows with an IndexError naming the index tensor and its value: the recorded path
-    checks first, the forward without autograd lets its gathers find it."""
+    past the rows with an IndexError naming the index tensor and its value, found by the path's
+    own gathers (embedding, index_select): the recorded ATen ops, the autograd.Function of
+    problems of several chunks, the forward without autograd and the registered op."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
-    if path == "no_grad_chunked":
+    if path in ("function", "no_grad_chunked"):
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 8)
     g = gen(13)
-    src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=path == "recorded")
-    dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=path == "recorded")
+    grad = path in ("recorded", "recorded_strided", "function")
+    src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=grad)
+    dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=grad)
+    if path == "recorded_strided":
+        src = rand_feat((4, 6), torch.float32, "cpu", g).t().requires_grad_()
     for name, bad in (("src_idx", -1), ("src_idx", 6), ("dst_idx", -2), ("dst_idx", 5)):
         src_idx, dst_idx = torch.zeros(7, dtype=index_dtype), torch.zeros(7, dtype=index_dtype)
         (src_idx if name == "src_idx" else dst_idx)[5] = bad
@@ -400,7 +404,8 @@ def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
             if path == "op":
                 torch.ops.edgedot.edge_dot(src, dst, src_idx, dst_idx, None, None, False, True)
             else:
-                edgedot.edge_dot(src, dst, src_idx, dst_idx)
+                out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
+                raise AssertionError(f"no error; output by {type(out.grad_fn).__name__}")
 
 
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)

@@ -22,7 +22,7 @@ from ..runtime.plan import EdgePlan, check_plan_layout
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 __all__ = ["edge_dot", "edge_dot_op", "edge_dot_grad_op", "EagerCUDAEdgeDot", "EagerCPUEdgeDot", "forward_cuda",
-           "grad_cuda", "check_cpu", "forward_cpu", "grad_cpu"]
+           "grad_cuda", "forward_cpu", "grad_cpu"]
 
 # ------------------------------------------------------------------------------ the public function
 
@@ -71,11 +71,12 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     if eager_device == "cuda":
         return EagerCUDAEdgeDot.apply(*args)
     if eager_device == "cpu":
-        shape = check_cpu(src_feat, dst_feat, src_idx, dst_idx)
+        check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+        shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
         if plan is None and cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0],
                                                     shape[-1] if len(shape) == 2 else 1):
-            return cpu_edge_dot.recorded_forward(src_feat, dst_feat, src_idx, dst_idx)
-        return EagerCPUEdgeDot.apply(*args, shape)
+            return _gathers_checked(cpu_edge_dot.recorded_forward, src_feat, dst_feat, src_idx, dst_idx)
+        return _gathers_checked(EagerCPUEdgeDot.apply, *args, shape)
     # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
@@ -133,26 +134,24 @@ edge_dot_op = torch.ops.edgedot.edge_dot.default
 edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 
 
-def check_cpu(src_feat, dst_feat, src_idx, dst_idx):
-    """The CPU call's checks, arguments and graph: out-of-range indices are always refused on the
-    CPU (``check_indices`` only spares CUDA a wait). Returns the output's shape."""
-    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
-    check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
-    return output_shape(src_feat, dst_feat, src_idx.shape[0])
-
-
-def forward_cpu(src_feat, dst_feat, src_idx, dst_idx):
-    """The CPU forward behind the custom op and the eager path without autograd, with its checks.
-    Its own gathers check the index ranges: ``index_select`` refuses an index outside the table
-    before reading it, and the refusal becomes :func:`check_graph`'s error naming the argument.
-    That spares two passes over the indices, a fifth of a small graph's call."""
-    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
-    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+def _gathers_checked(forward, src_feat, dst_feat, src_idx, dst_idx, *rest):
+    """``forward(src_feat, dst_feat, src_idx, dst_idx, *rest)``, a CPU forward whose own gathers
+    check the index ranges (``index_select`` and ``embedding`` refuse an index outside the table,
+    negative ones included, before reading it), with the refusal turned into :func:`check_graph`'s
+    error naming the argument. That spares two passes over the indices, a fifth of a small
+    graph's call."""
     try:
-        return cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, shape)
+        return forward(src_feat, dst_feat, src_idx, dst_idx, *rest)
     except IndexError:
         check_graph(src_idx, src_feat.shape[0], dst_idx, dst_feat.shape[0])
         raise
+
+
+def forward_cpu(src_feat, dst_feat, src_idx, dst_idx):
+    """The CPU forward behind the custom op and the eager path without autograd, with its checks."""
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+    return _gathers_checked(cpu_edge_dot.forward, src_feat, dst_feat, src_idx, dst_idx, shape)
 
 
 def grad_cpu(grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction):
@@ -327,13 +326,12 @@ class EagerCPUEdgeDot(torch.autograd.Function):
     """Eager CPU path of :func:`edgedot.edge_dot` where its ATen ops are not recorded (problems of
     more than one chunk; half-type tables of more than a chunk; a plan), :class:`EagerCUDAEdgeDot`'s
     twin: the op's CPU forward and gradients without the dispatcher's and ``register_autograd``'s
-    round trips. Its caller has checked the arguments (:func:`check_cpu`) and passes the output's
-    shape."""
+    round trips. Its caller has checked the arguments, passes the output's shape, and turns the
+    gathers' refusal of an out-of-range index into the error naming it (:func:`_gathers_checked`)."""
 
     @staticmethod
     def forward(ctx, src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices,
                 out_shape):
-        # Checked by the caller (check_cpu, which gave out_shape).
         out = cpu_edge_dot.forward(src_feat, dst_feat, src_idx, dst_idx, out_shape)
         inputs = (src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, check_indices)
         _setup_context(ctx, inputs, out)
