@@ -386,8 +386,8 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
 def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
     """Every CPU path refuses a negative index (which indexing would read from the end) or one
     past the rows with an IndexError naming the index tensor and its value, found by the path's
-    own gathers (embedding, index_select): the recorded ATen ops, the autograd.Function of
-    problems of several chunks, the forward without autograd and the registered op."""
+    own gathers (indexing after a check of its minimum, index_select): the recorded ATen ops, the
+    autograd.Function of problems of several chunks, the forward without autograd and the op."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
     if path in ("function", "no_grad_chunked"):
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 8)

@@ -79,10 +79,9 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
     ``autograd.Function`` costs a small graph more than its arithmetic). Outputs and gradients
     have :func:`forward`'s and :func:`grad_rows`'s bits: the same products and sums, in the same
     dtype (half types' tables widened to float32 first, so that their gradients too are summed in
-    float32 and rounded once), whose backward sums in edge order by ``embedding``'s backward or
-    ``index_add_`` (``index_select``'s) as :func:`grad_rows` does. Its gathers refuse an index
-    outside the table before reading it (an ``IndexError``). The output has :func:`forward`'s
-    shape."""
+    float32 and rounded once), whose backward sums by ``index_put_`` (indexing's) or ``index_add_``
+    (``index_select``'s) as :func:`grad_rows` does. Its gathers refuse an index outside the table
+    before reading it (an ``IndexError``). The output has :func:`forward`'s shape."""
     dtype, acc = src_feat.dtype, acc_dtype(src_feat.dtype)
     if dtype != acc:
         src_feat, dst_feat = src_feat.to(acc), dst_feat.to(acc)
@@ -94,12 +93,14 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
 
 
 def _recorded_gather(feat, idx, serial):
-    # embedding's backward adds each row's terms in edge order, serially (index_add_'s fixed cost
-    # is twice its own on small sums) and, unlike indexing, it refuses a negative index. A strided
-    # table is gathered by index_select: embedding's rows would keep its strides, and the sums'
-    # order would change with them.
+    # Indexing's backward sums serially (index_add_'s fixed cost is twice its own on small sums),
+    # in edge order as index_add_ does. It reads a negative index from the end: refused here (one
+    # past the rows it refuses itself). Its rows keep a strided table's strides, and the sums'
+    # order would change with them: only a contiguous table is indexed.
     if serial and feat.is_contiguous():
-        return torch.nn.functional.embedding(idx, feat.view(feat.shape[0], -1)).view((-1,) + feat.shape[1:])
+        if idx.numel() and idx.min().item() < 0:
+            raise IndexError("negative index")
+        return feat[idx]
     return feat.index_select(0, idx)
 
 

@@ -136,10 +136,10 @@ edge_dot_grad_op = torch.ops.edgedot.edge_dot_grad.default
 
 def _gathers_checked(forward, src_feat, dst_feat, src_idx, dst_idx, *rest):
     """``forward(src_feat, dst_feat, src_idx, dst_idx, *rest)``, a CPU forward whose own gathers
-    check the index ranges (``index_select`` and ``embedding`` refuse an index outside the table,
-    negative ones included, before reading it), with the refusal turned into :func:`check_graph`'s
-    error naming the argument. That spares two passes over the indices, a fifth of a small
-    graph's call."""
+    check the index ranges (``index_select`` and indexing refuse an index outside the table before
+    reading it; before indexing, which reads a negative index from the end, a negative minimum is
+    refused), with the refusal turned into :func:`check_graph`'s error naming the argument. That
+    spares a pass over the indices on small graphs."""
     try:
         return forward(src_feat, dst_feat, src_idx, dst_idx, *rest)
     except IndexError:
