@@ -156,13 +156,13 @@ def run(seed, device):
     if "edge_dim" in kw and rng.random() < 0.8:
         edge_attr = torch.randn(num_edges, kw["edge_dim"], dtype=torch.float64, generator=g).to(device)
     ours_result = call(ours, x, adjacency(form, edge_index, num_src, num_dst), edge_attr, kwargs, inputs)
-    if pyg_loops_read_out_of_range(kw, edge_attr, dst, num_src, num_dst) and ours_result[0] == "ok":
-        theirs_result = call(theirs, x, adjacency(form, edge_index.long(), num_src, num_dst), edge_attr, kwargs,
-                             inputs) if device == "cpu" else ("err", "not run on " + device, "")
+    known = pyg_loops_read_out_of_range(kw, edge_attr, dst, num_src, num_dst) and ours_result[0] == "ok"
+    theirs_result = ("err", "not run on " + device, "") if known and device != "cpu" else \
+        call(theirs, x, adjacency(form, edge_index.long(), num_src, num_dst), edge_attr, kwargs, inputs)
+    if known:
         kind_of, detail = ("PyG reads out of range (known)", "") if theirs_result[0] == "err" else \
             ("PREDICTION", "PyG ran where it was predicted to read out of range")
     else:
-        theirs_result = call(theirs, x, adjacency(form, edge_index.long(), num_src, num_dst), edge_attr, kwargs, inputs)
         kind_of, detail = compare(ours_result, theirs_result)
     return kind_of, (f"seed {seed}: {kind} {fin} -> {out_channels} {kw}, {num_src} -> {num_dst} nodes, "
                      f"{num_edges} edges ({edge_index.dtype}, {form}), {kwargs}: {detail}")

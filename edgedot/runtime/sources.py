@@ -90,9 +90,9 @@ _PROBE = "#include <sstream>\n#include <string>\n" \
 @functools.lru_cache(maxsize=None)
 def links_shared_runtime(compiler):
     """Whether ``compiler`` (a command, as ``CXX`` holds it) links a shared object that uses C++
-    streams against the shared ``libstdc++`` (its ``DT_NEEDED`` entries name it). A probe of a few lines is built to find out
-    (about a second, once a process). True where the probe cannot be built: then nothing is
-    changed in the build, which reports its own errors."""
+    streams against the shared ``libstdc++`` (its ``DT_NEEDED`` entries name it). A probe of a
+    few lines is built to find out (about a second, once a process). True where the probe cannot
+    be built: then nothing is changed in the build, which reports its own errors."""
     with tempfile.TemporaryDirectory(prefix="edgedot-probe-") as folder:
         source, shared = Path(folder) / "probe.cpp", Path(folder) / "probe.so"
         source.write_text(_PROBE)
