@@ -49,9 +49,8 @@ def _chunks(num_edges, heads, dim):
 
 
 def _rows(idx, start, stop):
-    # index_add_ adds int32-indexed rows in a serial loop, in edge order; with int64 it takes a
-    # multi-threaded scatter path that measured 3x slower on one thread and up to 100x slower
-    # on busy cores. Rows fit in int32 (checked by the caller).
+    # A chunk's rows as int32 (they fit: checked by the caller), the dtype the sparse matrices and
+    # gathers take; RowSums converts to int64 where its scatter path wants it.
     return in_dtype(idx[start:stop], torch.int32)
 
 
@@ -81,27 +80,34 @@ def _kept(alpha, key, start, stop, p):
     return _dropped(alpha, _mask(key, start, stop, alpha.shape[1], p), p)
 
 
-# index_add_ spends about the same time on a row whatever its width (it sets up an elementwise add
-# for each). At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS elements are added one
-# element at a time through flat views instead (4096 rows of 8 floats: 182 us by rows, 58 us flat;
-# of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small ops). A chunk of at
+# index_add_ by an int32 index spends about the same time on a row whatever its width (it sets up
+# an elementwise add for each): it serves only what the paths below cannot take (a strided table,
+# or one of 2**31 elements or more). At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS
+# elements are added one element at a time through flat views (4096 rows of 8 floats: 182 us by
+# rows, 58 us flat; of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small
+# ops). A chunk of at
 # least SPARSE_MIN_ROWS rows, and of at least half as many rows as the table, is summed as a
 # product with the sparse 0/1 matrix of its rows' destinations (CSR, each row of the table adding
-# its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us by index_add_, 655 us
-# so; its cost grows with the rows of the table, hence the second bound.
-# Rows narrower than NARROW_ROW_ELEMENTS, SERIAL_ELEMENTS elements in all at most, are added with an
-# int64 index: index_add_ then runs scatter_add_, whose CPU kernel adds each column's elements in
-# index order (the same bits) in one loop, split between threads only beyond 32768 elements
-# (PyTorch's grain size): 250 rows of 4 floats, 12.4 us by rows, 3.7 us so; 13264 rows of 2, 552
-# against 38 (flat: 56). So are rows of up to SCATTER_ROW_ELEMENTS where the index is int64 already
-# (250 rows of 128 floats: 36 us by rows, 21 so; 64 rows of 512: 10 against 21; converting an int32
-# index to int64, about 5 us, would eat the gain of a few rows).
+# its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us by rows, 655 us
+# so; its cost grows with the rows of the table, hence the second bound, and for rows of at least
+# WIDE_ROW_ELEMENTS a third: at least SPARSE_WIDE_ROWS_PER_ROW rows per row of the table.
+# Everything else is added with an int64 index: index_add_ then runs scatter_add_, whose CPU
+# kernel adds each row's elements in index order (the same bits as the serial loop; for larger
+# problems it sorts the index stably by radix, then adds each row of the table in one thread):
+# 40960 rows of 128 floats into 16384, 2720 us by the sparse product, 1830 so; 8000 rows of 64
+# into 16000, 638 us by rows, 217 so (torch 2.13, 2 cores). Rows narrower than
+# NARROW_ROW_ELEMENTS, SERIAL_ELEMENTS elements in all at most, take it before the flat views
+# (250 rows of 4 floats, 12.4 us by rows, 3.7 us so; 13264 rows of 2, 552 against 38, flat 56), as
+# do rows of up to SCATTER_ROW_ELEMENTS where the index is int64 already (converting an int32
+# index, about 5 us, would eat the gain of a few rows).
 NARROW_ROW_ELEMENTS = 16
 SCATTER_ROW_ELEMENTS = 256
 SERIAL_ELEMENTS = 1 << 15
 FLAT_ROW_ELEMENTS = 16
 FLAT_MIN_ROWS = 512
 SPARSE_MIN_ROWS = 8192
+WIDE_ROW_ELEMENTS = 128
+SPARSE_WIDE_ROWS_PER_ROW = 4
 # torch.sort sorts integer tensors of at least this many elements by radix (246 us for 32768 on 2
 # cores) and shorter ones by comparisons (1512 us for 32767): shorter indices are padded to it.
 _RADIX_SORT_ELEMENTS = 1 << 15
@@ -160,10 +166,11 @@ class RowSums:
         elif width <= FLAT_ROW_ELEMENTS and count >= FLAT_MIN_ROWS:
             flat = (self.index(torch.int32)[:, None] * width + torch.arange(width, dtype=torch.int32)).reshape(-1)
             out.view(-1).index_add_(0, flat, rows.reshape(-1))
-        elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows:
+        elif count >= SPARSE_MIN_ROWS and 2 * count >= num_rows and (
+                width < WIDE_ROW_ELEMENTS or count >= SPARSE_WIDE_ROWS_PER_ROW * num_rows):
             out.view(num_rows, width).addmm_(self._sparse(num_rows, rows.dtype), rows.reshape(count, width))
         else:
-            out.index_add_(0, self.index(torch.int32), rows)
+            out.index_add_(0, self.index(torch.int64), rows)
 
 
 def _gather(table, idx, acc):
