@@ -4,9 +4,9 @@
 # exported seed problem, then the benchmark. Logs, JSON and charts go to $OUT (default
 # ./device_out).
 #
-#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize kernelbench bench wheel ab
-#                                            profile pyg grouping (default: all but wheel, ab,
-#                                            profile, pyg and grouping, in that order)
+#   scripts/device_check.sh [STAGE ...]     stages: build tests sanitize fuzz kernelbench bench wheel
+#                                            ab profile pyg grouping (default: all but fuzz, wheel,
+#                                            ab, profile, pyg and grouping, in that order)
 #
 # One command on the lent machines may run 10 minutes, so on an H200 run it in two calls back to
 # back, which find the build of the first in EDGEDOT_CACHE: `build tests sanitize kernelbench`
@@ -15,7 +15,8 @@
 # to pytest, PYTEST_TARGETS the test files (default: tests), PYTEST_RESUME_LOGS a folder of earlier
 # calls' pytest.log files whose finished tests are left out (the whole suite over several calls),
 # PYTEST_CPU_CASES=1 keeps the cases parametrized for the CPU (left out by default: CI runs them),
-# PROFILE_ARGS to scripts/profile_minibatch.py.
+# PROFILE_ARGS to scripts/profile_minibatch.py, FUZZ_COUNT the seeds of each fuzz (`fuzz`; default
+# 300: its time on a GPU is not yet known, so run it in a call of its own).
 #
 # `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
 # minutes: scripts/build_wheel.sh builds it (about 2 minutes for sm_80 and sm_90 on 16 cores), a
@@ -143,6 +144,17 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
         compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/grouping_sanitize.py 2>&1 \
           | tee "$OUT/sanitizer_grouping_$tool.log" | tail -n 2
       done ;;
+    fuzz)
+      # The differential fuzzes on this GPU (scripts/op_fuzz.py in each dtype, scripts/layer_fuzz.py
+      # against PyG's layers), FUZZ_COUNT seeds each. Run as a stage so that they find the build
+      # in EDGEDOT_CACHE: outside it a fuzz first compiles the extension for a minute, silently.
+      for dtype in float64 float32 bfloat16 float16; do
+        python3 scripts/op_fuzz.py --device cuda --count "${FUZZ_COUNT:-300}" --dtype "$dtype" \
+          > "$OUT/op_fuzz_$dtype.log" 2>&1
+        echo "op_fuzz $dtype: $(tail -n 1 "$OUT/op_fuzz_$dtype.log")"
+      done
+      python3 scripts/layer_fuzz.py --device cuda --count "${FUZZ_COUNT:-300}" > "$OUT/layer_fuzz.log" 2>&1
+      echo "layer_fuzz: $(tail -n 1 "$OUT/layer_fuzz.log")" ;;
     profile)
       # A training step on fresh mini-batches: kernels, device time and host waits per call.
       python3 scripts/profile_minibatch.py --kernels --json "$OUT/profile.json" ${PROFILE_ARGS:-} 2>&1 \
