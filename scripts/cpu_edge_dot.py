@@ -3,6 +3,7 @@ and forward + backward, from a toy graph to a million edges: the evidence behind
 docs/performance.md's CPU edge_dot table.
 
     python scripts/cpu_edge_dot.py [--threads 2] [--cases tiny,small,cora,seed,1m] [--dtypes float32,bfloat16]
+                                   [--index-dtype int64]
 
 Every case is checked first: both outputs and both gradients against float64 autograd of the
 reference (relative error; edgedot's must be at most twice eager's, or 1e-6). Then edgedot and
@@ -62,10 +63,12 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cases", default="tiny,small,cora,seed,heads")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--index-dtype", default="int64", choices=("int64", "int32"),
+                        help="the indices' dtype (eager PyTorch indexes with either)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; µs per call, medians; "
-          "ratio edgedot / eager")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.index_dtype} indices; µs per "
+          "call, medians; ratio edgedot / eager")
     print(f"{'case':<6} {'dtype':<9} {'fwd eager':>10} {'edgedot':>9} {'ratio':>6} {'f+b eager':>10} "
           f"{'edgedot':>9} {'ratio':>6} {'max rel err':>11}")
     for case in args.cases.split(","):
@@ -75,8 +78,8 @@ def main():
             gen = torch.Generator().manual_seed(0)
             src = torch.randn(num_src, *shape, generator=gen).to(dtype).requires_grad_()
             dst = torch.randn(num_dst, *shape, generator=gen).to(dtype).requires_grad_()
-            src_idx = torch.randint(num_src, (num_edges,), generator=gen)
-            dst_idx = torch.randint(num_dst, (num_edges,), generator=gen)
+            src_idx = torch.randint(num_src, (num_edges,), generator=gen).to(getattr(torch, args.index_dtype))
+            dst_idx = torch.randint(num_dst, (num_edges,), generator=gen).to(getattr(torch, args.index_dtype))
             out_shape = (num_edges,) if len(shape) == 1 else (num_edges, shape[0])
             grad_out = torch.randn(out_shape, generator=gen).to(dtype)
             error = check(src, dst, src_idx, dst_idx, grad_out)

@@ -381,6 +381,40 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
             assert torch.equal(edgedot.edge_dot(s, d, src_idx, dst_idx), want[0])
 
 
+@pytest.mark.parametrize("path", ["recorded", "function_one_chunk", "function_chunked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_cpu_grads_same_bits_by_either_index_dtype(dtype, path, monkeypatch):
+    """The CPU backward sums rows by an int64 index whatever the edges' dtype (the int32 serial
+    loop is slower): int32 and int64 indices give the same bits, on sums large enough for
+    index_add_ (not index_put_), with a hub whose many terms show any change of order."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    if path == "function_chunked":
+        monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 4096)
+    elif path == "function_one_chunk":
+        monkeypatch.setattr(cpu_edge_dot, "recordable", lambda *args: False)
+    g = gen(21)
+    num_nodes, num_edges, dim = 300, 1200, 48  # 57,600 products: past SERIAL_SUM_ELEMENTS
+    src_idx = torch.randint(num_nodes, (num_edges,), generator=g)
+    dst_idx = torch.randint(num_nodes, (num_edges,), generator=g)
+    dst_idx[::3] = 7  # a hub of 400 edges
+    src = torch.randn(num_nodes, dim, generator=g).to(dtype)
+    dst = torch.randn(num_nodes, dim, generator=g).to(dtype)
+    grad_out = torch.randn(num_edges, generator=g).to(dtype)
+    runs = []
+    for index_dtype in (torch.int32, torch.int64):
+        s, d = src.clone().requires_grad_(True), dst.clone().requires_grad_(True)
+        out = edgedot.edge_dot(s, d, src_idx.to(index_dtype), dst_idx.to(index_dtype))
+        recorded = type(out.grad_fn).__name__ != "EagerCPUEdgeDotBackward"
+        assert recorded == (path == "recorded"), type(out.grad_fn)
+        runs.append((out, *torch.autograd.grad(out, (s, d), grad_out)))
+    for name, a, b in zip(("out", "grad src_feat", "grad dst_feat"), *runs):
+        assert torch.equal(a, b), name
+    want = torch.zeros(num_nodes, dim, dtype=torch.float64).index_add_(
+        0, dst_idx, src.double()[src_idx] * grad_out.double()[:, None])
+    assert rel_error(runs[0][2], want) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", ["recorded", "recorded_strided", "function", "no_grad", "no_grad_chunked", "op"])
 def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
