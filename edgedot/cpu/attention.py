@@ -82,15 +82,15 @@ def _kept(alpha, key, start, stop, p):
 
 # index_add_ by an int32 index spends about the same time on a row whatever its width (it sets up
 # an elementwise add for each): it serves only what the paths below cannot take (a strided table,
-# or one of 2**31 elements or more). At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS
-# elements are added one element at a time through flat views (4096 rows of 8 floats: 182 us by
-# rows, 58 us flat; of 64 floats 295 against 405, on 2 cores; the flat indices cost a few small
-# ops). A chunk of at
-# least SPARSE_MIN_ROWS rows, and of at least half as many rows as the table, is summed as a
-# product with the sparse 0/1 matrix of its rows' destinations (CSR, each row of the table adding
-# its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us by rows, 655 us
-# so; its cost grows with the rows of the table, hence the second bound, and for rows of at least
-# WIDE_ROW_ELEMENTS a third: at least SPARSE_WIDE_ROWS_PER_ROW rows per row of the table.
+# or one of 2**31 elements or more).
+# At least FLAT_MIN_ROWS rows of at most FLAT_ROW_ELEMENTS elements are added one element at a
+# time through flat views (4096 rows of 8 floats: 182 us by rows, 58 us flat; of 64 floats 295
+# against 405, on 2 cores; the flat indices cost a few small ops).
+# A chunk of at least SPARSE_MIN_ROWS rows, and of at least half as many rows as the table, is
+# summed as a product with the sparse 0/1 matrix of its rows' destinations (CSR, each row of the
+# table adding its entries in edge order): 32768 rows of 64 floats into 19717, 2631 us by rows,
+# 655 us so. Its cost grows with the rows of the table, hence the second bound, and for rows of
+# at least WIDE_ROW_ELEMENTS a third: at least SPARSE_WIDE_ROWS_PER_ROW rows per row of the table.
 # Everything else is added with an int64 index: index_add_ then runs scatter_add_, whose CPU
 # kernel adds each row's elements in index order (the same bits as the serial loop; for larger
 # problems it sorts the index stably by radix, then adds each row of the table in one thread):

@@ -17,7 +17,7 @@ CHUNK_ELEMENTS = 1 << 19
 # same bits (both add each row's terms in edge order); above it index_put_ goes parallel and slower.
 # index_add_ is given an int64 index: by int32 it adds one row at a time in a serial loop, by int64
 # it runs scatter_add_ (the same bits; cpu/attention.py, RowSums): edge_dot's forward + backward
-# on 100,000 edges of 128 floats, int32 indices, 54.9 -> 23.7 ms on 2 cores.
+# on 100,000 edges of 4 x 32 floats, int32 indices, 52.9 -> 24.3 ms on 2 cores.
 SERIAL_SUM_ELEMENTS = 1 << 15
 
 
