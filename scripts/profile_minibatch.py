@@ -194,19 +194,34 @@ def host_profile(call, calls=100, top=25):
 
 
 def sync_sites(call):
-    """Where one forward+backward call synchronises: ``file:line`` of each warning of the sync
-    debug mode (the Python line that called the synchronising operation)."""
+    """Where one forward+backward call synchronises: for each warning of the sync debug mode, the
+    ``file:line`` that called the synchronising operation, and after ``<-`` the innermost caller
+    outside torch's own package (where a torch function such as ``torch.cuda.synchronize`` made
+    the call)."""
+    import traceback
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    sites = set()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        site = f"{filename.split('site-packages/')[-1]}:{lineno}"
+        if "/torch/" in filename:
+            outside = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                       and "warnings.py" not in f.filename]
+            if outside:
+                site += f" <- {outside[-1].filename.split('site-packages/')[-1]}:{outside[-1].lineno}"
+        sites.add(site)
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             call(1000, True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    sites = [f"{w.filename.split('site-packages/')[-1]}:{w.lineno}" for w in caught
-             if "synchroniz" in str(w.message)]
-    return sorted(set(sites))
+    return sorted(sites)
 
 
 def main():
