@@ -151,17 +151,24 @@ class AttentionSet:
         self.src_idx, self.dst_idx = self.edge_index[0], self.edge_index[1]  # the same objects every call
         if self.dst_ptr is None:
             self.dst_ptr = edgedot.index_to_ptr(self.dst_idx, self.q.shape[0])
+        # GAT's per-node logits [N, H] (k's and q's first channel, as tensors of their own): a view
+        # of k or q would make every backward zero-fill a [N, H, D] gradient for it (select's
+        # backward), a cost of the harness in every path's time, not of any path.
+        self.a_src, self.a_dst = self.k[..., 0].detach().clone(), self.q[..., 0].detach().clone()
+
+    def leaves(self):
+        return (self.x, self.q, self.k, self.v, self.a_src, self.a_dst)
 
     def nbytes(self):
-        return sum(t.nbytes for t in (self.x, self.q, self.k, self.v, self.edge_index, self.grad_out,
-                                      self.grad_layer))
+        return sum(t.nbytes for t in (self.x, self.q, self.k, self.v, self.a_src, self.a_dst, self.edge_index,
+                                      self.grad_out, self.grad_layer))
 
     def clear_grads(self):
-        for t in (self.x, self.q, self.k, self.v):
+        for t in self.leaves():
             t.grad = None
 
     def requires_grad_(self):
-        for t in (self.x, self.q, self.k, self.v):
+        for t in self.leaves():
             t.requires_grad_()
 
 

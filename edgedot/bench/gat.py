@@ -11,8 +11,9 @@ call; 4 heads of 32, 128 input features.
 
 The layers run with ``add_self_loops=False`` (the graphs are what a sampler or a preprocessed
 dataset hands over; PyG's self-loop handling, the same in both, would add its own cost to both).
-The op paths take ``x = v``, ``a_src = k[..., 0]``, ``a_dst = q[..., 0]`` (GAT) or ``x_src = k``,
-``x_dst = q`` and a fixed ``att`` (GATv2) of the input sets. Every path is checked first against
+The op paths take ``x = v`` and the logits ``a_src``, ``a_dst`` (GAT: copies of ``k[..., 0]`` and
+``q[..., 0]``, leaves of their own) or ``x_src = k``, ``x_dst = q`` and a fixed ``att`` (GATv2) of
+the input sets. Every path is checked first against
 a float64 reference on a sample of destination nodes (``bench.attention_check``'s sampling),
 outputs and gradients, then timed (CUDA-event medians).
 """
@@ -153,9 +154,9 @@ def gat_weights(case, device):
 
 
 def op_inputs(case, s, att):
-    """The op's tensors of input set ``s``: views of its q, k, v (see the module)."""
+    """The op's tensors of input set ``s`` (see the module)."""
     if case.conv == "gat":
-        return s.v, s.k[..., 0], s.q[..., 0]
+        return s.v, s.a_src, s.a_dst
     return s.k, s.q, att
 
 
@@ -206,9 +207,11 @@ def expected_gat(case, inputs, weights, att, with_grads):
     if with_grads:
         check.grad_out = masked(inputs.grad_out, rows)
         out.backward(check.grad_out[rows].double())
-        check.grads = {"q": (rows, q.grad), "k": (src_rows, k.grad)}
-        if case.conv == "gat":
-            check.grads["v"] = (src_rows, v.grad)
+        if case.conv == "gat":  # the logits' gradients: k's and q's first channel
+            check.grads = {"a_dst": (rows, q.grad[..., 0]), "a_src": (src_rows, k.grad[..., 0]),
+                           "v": (src_rows, v.grad)}
+        else:
+            check.grads = {"q": (rows, q.grad), "k": (src_rows, k.grad)}
 
     params = {name: leaf(w) for name, w in weights.items()}
     x_dst, x_src = leaf(inputs.x[rows]), leaf(inputs.x[src_rows])
