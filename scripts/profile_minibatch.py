@@ -155,7 +155,7 @@ def profile_calls(call, calls=20, shapes=False):
     launchers = []
     if shapes:  # an operator's self device time is that of the kernels it launched itself
         by_shape = prof.key_averages(group_by_input_shape=True)
-        by_shape = sorted(by_shape, key=lambda avg: -avg.self_device_time_total)[:12]
+        by_shape = sorted(by_shape, key=lambda avg: -avg.self_device_time_total)[:20]
         launchers = [(avg.key[:60], str(avg.input_shapes)[:140], avg.count / calls,
                       avg.self_device_time_total / calls) for avg in by_shape if avg.self_device_time_total > 0]
     return {"launchers": launchers,
