@@ -416,6 +416,39 @@ def test_cpu_grads_same_bits_by_either_index_dtype(dtype, path, monkeypatch):
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", [(50, 200, (16,)), (500, 4096, (16,)), (1000, 8192, (32,)), (1000, 8192, (4, 8))],
+                         ids=["serial", "flat", "sparse", "sparse_heads"])
+def test_cpu_function_grads_match_the_recorded_path(shape, index_dtype, monkeypatch):
+    """The autograd.Function's gradients (summed by RowSums: int64 index_add_, flat views or the
+    sparse product, by the shape) have the bits of the recorded path's (autograd's own
+    index_add_ / index_put_), in one chunk and in several, with a hub among the rows."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+    num_nodes, num_edges, dim = shape
+    g = gen(23)
+    src_idx = torch.randint(num_nodes, (num_edges,), generator=g)
+    dst_idx = torch.randint(num_nodes, (num_edges,), generator=g)
+    dst_idx[::5] = 3
+    src = torch.randn(num_nodes, *dim, generator=g)
+    dst = torch.randn(num_nodes, *dim, generator=g)
+    grad_out = torch.randn(num_edges, *dim[:-1], generator=g)
+
+    def grads():
+        s, d = src.clone().requires_grad_(True), dst.clone().requires_grad_(True)
+        out = edgedot.edge_dot(s, d, src_idx.to(index_dtype), dst_idx.to(index_dtype))
+        return type(out.grad_fn).__name__, torch.autograd.grad(out, (s, d), grad_out)
+
+    kind, recorded = grads()
+    assert kind != "EagerCPUEdgeDotBackward", kind
+    monkeypatch.setattr(cpu_edge_dot, "recordable", lambda *args: False)
+    for chunk in (cpu_edge_dot.CHUNK_ELEMENTS, 4096):
+        monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", chunk)
+        kind, function = grads()
+        assert kind == "EagerCPUEdgeDotBackward", kind
+        for name, a, b in zip(("grad src_feat", "grad dst_feat"), recorded, function):
+            assert torch.equal(a, b), (name, chunk)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", ["recorded", "recorded_strided", "function", "no_grad", "no_grad_chunked", "op"])
 def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
     """Every CPU path refuses a negative index (which indexing would read from the end) or one

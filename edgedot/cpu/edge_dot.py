@@ -3,7 +3,7 @@
 import torch
 
 from ..runtime.checks import heads_of
-from .attention import _gather, acc_dtype, in_dtype
+from .attention import RowSums, _gather, acc_dtype, in_dtype
 
 # Elements of one gathered chunk ([chunk, H, D]); bounds the extra memory to a few MB. 2 MB of
 # float32 a chunk ran faster than 4 MB on 2 cores: forward + grad of 16,384 edges of 128 floats
@@ -12,12 +12,14 @@ from .attention import _gather, acc_dtype, in_dtype
 CHUNK_ELEMENTS = 1 << 19
 
 
-# Below this many elements a gradient is summed by index_put_, which runs serially there and then
-# costs half of index_add_'s fixed cost (2 cores, 200 edges of 16 floats: 12 against 24 µs), with the
-# same bits (both add each row's terms in edge order); above it index_put_ goes parallel and slower.
-# index_add_ is given an int64 index: by int32 it adds one row at a time in a serial loop, by int64
-# it runs scatter_add_ (the same bits; cpu/attention.py, RowSums): edge_dot's forward + backward
-# on 100,000 edges of 4 x 32 floats, int32 indices, 52.9 -> 24.3 ms on 2 cores.
+# grad_rows sums a side's rows with the attention paths' RowSums (cpu/attention.py): int64
+# index_add_ (scatter_add_), a sparse product or flat views, each adding a row's terms in edge
+# order. The recorded path (recorded_forward) leaves its sums to autograd: below this many
+# elements it gathers by indexing, whose backward sums by index_put_, serially there and at half
+# of index_add_'s fixed cost (2 cores, 200 edges of 16 floats: 12 against 24 µs); above it by
+# index_select with an int64 index, whose backward runs index_add_ as scatter_add_ (by int32 it
+# adds one row at a time: forward + backward on 100,000 edges of 4 x 32 floats, 52.9 -> 24.3 ms
+# on 2 cores). Every one of these sums gives the same bits.
 SERIAL_SUM_ELEMENTS = 1 << 15
 
 
@@ -115,10 +117,7 @@ def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
         grad = grad_out.unsqueeze(-1)
         contrib = _gather(other_feat, other_idx, acc).mul_(in_dtype(grad, acc))
         result = torch.zeros(row_feat.shape, dtype=acc)
-        if contrib.numel() <= SERIAL_SUM_ELEMENTS:
-            result.index_put_((row_idx,), contrib, accumulate=True)
-        else:
-            result.index_add_(0, in_dtype(row_idx, torch.int64), contrib)
+        RowSums(row_idx).add(result, contrib)
         return in_dtype(result, row_feat.dtype)
     other = _as_3d(other_feat)
     row_heads = heads_of(row_feat)
@@ -129,5 +128,5 @@ def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
         contrib = _times(_gather(other, other_idx[start:stop], acc), in_dtype(grad[start:stop, :, None], acc))
         if row_heads == 1 and heads > 1:
             contrib = contrib.sum(1, keepdim=True)
-        result.index_add_(0, in_dtype(row_idx[start:stop], torch.int64), contrib)
+        RowSums(row_idx[start:stop]).add(result, contrib)
     return result.to(row_feat.dtype).reshape(row_feat.shape)
