@@ -126,13 +126,13 @@ void launch_group_edges(const int32_t* keys, const int32_t* positions, int64_t n
 // group_edges_cooperative.cu), for batches whose keys (num_keys: num_edges, or 2 * num_edges for
 // both sides) a wave of blocks sorts at once. cooperative_grouping_tiles: the tiles of keys it
 // sorts them in (one block each), or 0 where the batch does not fit (or the device takes no
-// cooperative launch); scratch holds cooperative_grouping_ints(num_keys, tiles, key_space, row_index,
-// other_index) ints, key_space being num_rows + 1 (+ num_other + 1 for both sides). The second
-// side's keys come from first.other_idx, as launch_sort_by_row's second_idx. Returns false where
-// the launch could not start (the groupings are then unwritten; the two launches above serve).
+// cooperative launch); scratch holds cooperative_grouping_ints(num_keys, tiles, first, second,
+// row_index) ints, for the same sides as the launch. The second side's keys come from
+// first.other_idx, as launch_sort_by_row's second_idx. Returns false where the launch could not
+// start (the groupings are then unwritten; the two launches above serve).
 int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind other_index);
-int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, int64_t key_space, IndexKind row_index,
-                                  IndexKind other_index);
+int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, const GroupSide& first, const GroupSide* second,
+                                  IndexKind row_index);
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
                                     int32_t* scratch, const GroupSide& first, const GroupSide* second,
                                     RangeFlags range_flags, cudaStream_t stream);

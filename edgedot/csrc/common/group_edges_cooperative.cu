@@ -332,11 +332,18 @@ int cooperative_grouping_tiles(int64_t num_keys, IndexKind row_index, IndexKind 
   return 0;
 }
 
-int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, int64_t key_space, IndexKind row_index,
-                                  IndexKind other_index) {
+// The keys' range, max key + 1: the first side's rows and its key for out-of-range indices, then
+// the second side's, offset past them.
+int64_t key_space_of(const GroupSide& first, const GroupSide* second) {
+  return second == nullptr ? first.num_rows + 1 : first.num_rows + 1 + first.num_other + 1;
+}
+
+int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, const GroupSide& first, const GroupSide* second,
+                                  IndexKind row_index) {
   const int64_t ints = 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+  const int64_t key_space = key_space_of(first, second);
   if (!scans_offsets(num_keys, key_space)) return ints;
-  return ints + key_space + resident_blocks(row_index, other_index, keys_per_thread(num_keys, tiles));
+  return ints + key_space + resident_blocks(row_index, first.other_index, keys_per_thread(num_keys, tiles));
 }
 
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
@@ -344,13 +351,13 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
                                     RangeFlags range_flags, cudaStream_t stream) {
   const int sides = second == nullptr ? 1 : 2;
   const int64_t num_keys = sides * num_edges;
-  const int64_t max_key = second == nullptr ? first.num_rows : first.num_rows + 1 + first.num_other;
+  const int64_t key_space = key_space_of(first, second);
   int32_t* key_ends = scratch + 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
   SortBuffers buffers{{scratch, scratch + num_keys},
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
                       scratch + 4 * num_keys,
                       key_ends,
-                      key_ends + max_key + 1};
+                      key_ends + key_space};
   cudaError_t status = cudaSuccess;
   with_kernel(row_index, first.other_index, keys_per_thread(num_keys, tiles), [&](auto kernel, auto ri, auto oi) {
     using RowIdx = decltype(ri);
@@ -358,7 +365,7 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
     // One side: the second is never read (sides is 1).
     status = launch_cooperative(kernel, resident_blocks(reinterpret_cast<const void*>(kernel)), kSortThreads, stream,
                                 static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
-                                key_bits(max_key), tiles, scans_offsets(num_keys, max_key + 1) ? max_key + 1 : 0,
+                                key_bits(key_space - 1), tiles, scans_offsets(num_keys, key_space) ? key_space : 0,
                                 buffers, typed<OtherIdx>(first),
                                 typed<RowIdx>(second == nullptr ? first : *second), range_flags);
   });

@@ -117,8 +117,7 @@ std::vector<at::Tensor> group_sides(const at::Tensor& row_idx, const at::Tensor&
   const int64_t num_keys = (both ? 2 : 1) * num_edges;
   // A batch that one wave of blocks sorts: one launch in all.
   if (const int tiles = cooperative_grouping_tiles(num_keys, row_index, other_index)) {
-    const int64_t key_space = both ? num_rows + 1 + num_other + 1 : num_rows + 1;
-    at::Tensor scratch = at::empty({cooperative_grouping_ints(num_keys, tiles, key_space, row_index, other_index)},
+    at::Tensor scratch = at::empty({cooperative_grouping_ints(num_keys, tiles, group[0], second, row_index)},
                                    options.dtype(at::kInt));
     if (launch_group_edges_cooperative(rows.data_ptr(), row_index, num_edges, tiles, scratch.data_ptr<int32_t>(),
                                        group[0], second, range_flags, stream)) {
