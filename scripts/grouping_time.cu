@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   const int tiles = cooperative_grouping_tiles(keys, IndexKind::i64, IndexKind::i64);
   if (tiles == 0) { std::printf("the batch does not fit one launch\n"); return 1; }
   int32_t* scratch;
-  CK(cudaMalloc(&scratch, cooperative_grouping_ints(keys, tiles, 2 * (nodes + 1), IndexKind::i64, IndexKind::i64) * 4));
+  CK(cudaMalloc(&scratch, cooperative_grouping_ints(keys, tiles, first, &second, IndexKind::i64) * 4));
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
   cudaEvent_t a, b;
