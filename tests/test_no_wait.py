@@ -187,6 +187,42 @@ def test_wait_for_checks_without_pending_checks_returns():
 
 
 @requires_cuda
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("shape", [(300, 40, 25), (0, 40, 25), (50, 0, 25), (0, 0, 0), (3000, 500, 700)],
+                         ids=["batch", "no_edges", "no_loops", "empty", "more_dst_than_loops"])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_self_looped_kernel_matches_tensor_ops(index_dtype, shape, strided):
+    """The extension's ``self_looped`` (one kernel) writes what the tensor operations it replaced
+    do: the edges in place, a self-loop's destination set to ``dropped``, then the loops of nodes
+    ``0 .. num_nodes - 1``; for either index dtype, a ``[2, E]`` index of any strides, no edges
+    or no loops."""
+    from edgedot.runtime.build import cuda_module
+    num_edges, num_nodes, dropped = shape
+    g = gen(9)
+    ei = torch.randint(0, max(dropped, 1), (2, num_edges), generator=g)
+    ei[1, ::4] = ei[0, ::4]
+    ei = ei.to(index_dtype).cuda()
+    if strided:
+        ei = ei.t().contiguous().t()  # rows of stride 2
+    src, dst = cuda_module().self_looped(ei, num_nodes, dropped)
+    loop = torch.arange(num_nodes, device="cuda", dtype=index_dtype)
+    want_dst = torch.where(ei[0] == ei[1], dropped, ei[1])
+    assert src.dtype == dst.dtype == index_dtype and src.is_contiguous() and dst.is_contiguous()
+    assert torch.equal(src, torch.cat([ei[0], loop])) and torch.equal(dst, torch.cat([want_dst, loop]))
+
+
+@requires_cuda
+def test_self_looped_refuses_what_it_cannot_write():
+    """Arguments the kernel would misread are refused with ValueError before any launch."""
+    from edgedot.runtime.build import cuda_module
+    ei = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    three_rows = torch.zeros(3, 4, dtype=torch.int64, device="cuda")
+    for args in ((ei.float(), 3, 3), (three_rows, 3, 3), (ei, -1, 3), (ei, 3, 2**31), (ei.cpu(), 3, 3)):
+        with pytest.raises(ValueError, match="self_looped"):
+            cuda_module().self_looped(*args)
+
+
+@requires_cuda
 @pytest.mark.parametrize("kind", ["GATConv", "GATv2Conv"])
 @pytest.mark.parametrize("fill_value", ["mean", "add", 0.5])
 def test_self_loops_in_place_match_pyg(kind, fill_value):

@@ -23,6 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("group_edges_checked", &edgedot::group_edges_checked,
         "group_edges(dst_idx, src_idx, ...) (group_edges_both with both) whose kernel also runs graph_check_launch's "
         "range checks into pinned host_flags: (groupings, parts checked as graph_check_launch's bits) (CUDA)");
+  m.def("self_looped", &edgedot::self_looped,
+        "edge_index [2, E] with each self-loop's destination set to `dropped` and the loops of nodes 0 .. "
+        "num_nodes - 1 appended, as the kernels take it: (src, dst) [E + num_nodes] (CUDA)");
   m.def("graph_check_forget", &edgedot::graph_check_forget,
         "forgets the parts of a graph graph_check_launch remembered, for a bad verdict (CUDA)");
   m.def("column_sum", &edgedot::column_sum,

@@ -15,6 +15,7 @@ from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
 from ..ops.node_logits import gat_node_logits
+from ..runtime.build import cuda_module
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
                    dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
@@ -143,13 +144,13 @@ class _GATBase(Projections, MessagePassing):
         destination becomes ``num_dst`` (a row the kernels drop: an out-of-range destination adds
         nothing to any output or gradient), and the loops of nodes ``0 .. num_nodes - 1`` follow,
         ``edge_attr`` filled as :meth:`_self_looped` fills it. Removing the loops instead would need
-        their count on the host. Returns ``(edge_attr, adjacency)``."""
-        src = edge_index[0]
-        dst = torch.where(src == edge_index[1], num_dst, edge_index[1])
-        loop = torch.arange(num_nodes, device=edge_index.device, dtype=edge_index.dtype)
+        their count on the host. One kernel of the extension (``self_looped``) writes both index
+        tensors. Returns ``(edge_attr, adjacency)``."""
+        src, dst = cuda_module().self_looped(edge_index, num_nodes, num_dst)
         if edge_attr is not None:
-            edge_attr = torch.cat([edge_attr, self._loop_attr(torch.stack([src, dst]), edge_attr, num_nodes)])
-        return edge_attr, Adjacency(torch.cat([src, loop]), torch.cat([dst, loop]), None, None, True)
+            kept = torch.stack([src[:edge_index.shape[1]], dst[:edge_index.shape[1]]])
+            edge_attr = torch.cat([edge_attr, self._loop_attr(kept, edge_attr, num_nodes)])
+        return edge_attr, Adjacency(src, dst, None, None, True)
 
     def _tensor_loops(self, edge_index: Tensor, edge_attr: OptTensor, num_nodes: int) -> Tuple[Tensor, OptTensor]:
         """PyG's ``remove_self_loops`` then ``add_self_loops`` of any tensor adjacency

@@ -192,6 +192,20 @@ struct GraphCheckArgs {
 void launch_check_graph(const GraphCheckArgs& args, IndexKind src_index, IndexKind dst_index, IndexKind ptr_index,
                         cudaStream_t stream);
 
+// The layers' self-loop handling of a [2, E] edge index (csrc/common/self_loops.cu): out_src and
+// out_dst [num_edges + num_nodes], the edges (a self-loop's destination replaced by `dropped`), then
+// node n's loop at num_edges + n.
+struct SelfLoopArgs {
+  const void* src;
+  const void* dst;
+  int64_t src_stride, dst_stride;
+  int64_t num_edges, num_nodes, dropped;
+  void* out_src;
+  void* out_dst;
+};
+
+void launch_self_looped(const SelfLoopArgs& args, IndexKind index, cudaStream_t stream);
+
 // Bytes of L2 cache of the current device (cached).
 int64_t l2_cache_bytes();
 

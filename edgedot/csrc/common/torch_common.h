@@ -113,4 +113,9 @@ std::tuple<at::Tensor, at::Tensor> group_edges(at::Tensor row_idx, at::Tensor ot
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_edges_both(at::Tensor row_idx, at::Tensor other_idx,
                                                                             int64_t num_rows, int64_t num_other);
 
+// ---- The layers' self-loops (common/self_loops_ops.cpp) ----
+
+// (src, dst) of edge_index [2, E] with self-loops replaced and loops appended (launch_self_looped).
+std::tuple<at::Tensor, at::Tensor> self_looped(const at::Tensor& edge_index, int64_t num_nodes, int64_t dropped);
+
 }  // namespace edgedot
