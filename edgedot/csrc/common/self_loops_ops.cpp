@@ -25,8 +25,7 @@ std::tuple<at::Tensor, at::Tensor> self_looped(const at::Tensor& edge_index, int
   at::Tensor dst = at::empty({num_edges + num_nodes}, edge_index.options());
   const at::Tensor rows_src = edge_index.select(0, 0), rows_dst = edge_index.select(0, 1);
   const SelfLoopArgs args{rows_src.data_ptr(), rows_dst.data_ptr(), rows_src.stride(0), rows_dst.stride(0),
-                          num_edges,          num_nodes,          dropped,           src.data_ptr(),
-                          dst.data_ptr()};
+                          num_edges, num_nodes, dropped, src.data_ptr(), dst.data_ptr()};
   launch_self_looped(args, int32 ? IndexKind::i32 : IndexKind::i64, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {src, dst};
