@@ -15,7 +15,7 @@
 # to pytest, PYTEST_TARGETS the test files (default: tests), PYTEST_RESUME_LOGS a folder of earlier
 # calls' pytest.log files whose finished tests are left out (the whole suite over several calls),
 # PYTEST_CPU_CASES=1 keeps the cases parametrized for the CPU (left out by default: CI runs them),
-# PROFILE_ARGS to scripts/profile_minibatch.py, FUZZ_COUNT the seeds of each fuzz (`fuzz`; default
+# PROFILE_ARGS to scripts/profile_minibatch.py (split at spaces: its --paths substrings hold none), FUZZ_COUNT the seeds of each fuzz (`fuzz`; default
 # 300: its time on a GPU is not yet known, so run it in a call of its own).
 #
 # `wheel` checks the CUDA wheel as a user without a CUDA toolkit gets it, in one call of about 5
