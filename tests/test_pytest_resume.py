@@ -29,3 +29,42 @@ def test_later_call_runs_what_earlier_logs_do_not_show_finished(tmp_path):
     ran = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("test_some.py::")}
     assert ran == {"test_some.py::test_n[3]", "test_some.py::test_n[4]", "test_some.py::test_n[5]"}, result.stdout
     assert "2 deselected" in result.stdout, result.stdout
+
+
+def test_durations_are_written_as_tests_finish(tmp_path):
+    """scripts/pytest_durations.py: one line per test, its phases' seconds summed, with its outcome
+    (a failure in setup an error, as pytest calls it), under pytest-xdist as without it."""
+    (tmp_path / "test_some.py").write_text(
+        "import time\n"
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def broken():\n"
+        "    raise RuntimeError('setup')\n\n"
+        "def test_slow():\n"
+        "    time.sleep(0.2)\n\n"
+        "def test_fails():\n"
+        "    assert False\n\n"
+        "def test_setup_fails(broken):\n"
+        "    pass\n\n"
+        "@pytest.mark.skip\n"
+        "def test_skipped():\n"
+        "    pass\n")
+    workers = [[]]
+    try:
+        import xdist  # noqa: F401
+        workers.append(["-n", "2"])
+    except ImportError:
+        pass
+    for extra in workers:
+        durations = tmp_path / f"durations{len(extra)}.txt"
+        env = dict(os.environ, PYTEST_DURATIONS_FILE=str(durations),
+                   PYTHONPATH=os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_durations",
+                        *extra, "test_some.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        lines = {line.split(" ", 2)[2]: line.split(" ", 2)[:2] for line in durations.read_text().splitlines()}
+        assert set(lines) == {f"test_some.py::test_{n}" for n in ("slow", "fails", "setup_fails", "skipped")}, lines
+        assert lines["test_some.py::test_slow"][1] == "passed" and float(lines["test_some.py::test_slow"][0]) >= 0.2
+        assert lines["test_some.py::test_fails"][1] == "failed"
+        assert lines["test_some.py::test_setup_fails"][1] == "error"
+        assert lines["test_some.py::test_skipped"][1] == "skipped"
+
