@@ -67,4 +67,3 @@ def test_durations_are_written_as_tests_finish(tmp_path):
         assert lines["test_some.py::test_fails"][1] == "failed"
         assert lines["test_some.py::test_setup_fails"][1] == "error"
         assert lines["test_some.py::test_skipped"][1] == "skipped"
-
