@@ -390,7 +390,8 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     vectorizable<T>(args): whether every row of a pass moves as 16-byte vectors;
 //   kHeavy<kEdge>: whether its state takes the register budget of per-edge rows; kForwardLight,
 //     kDstLight <T, NV, kEdge>: whether its forward, its dst pass, runs at the light budget all the
-//     same;
+//     same; kFourBlocks<T, NV, kEdge>: whether its light passes fit four blocks a SM
+//     (kPassBlocksPerSM);
 //   kForwardBatch, kDstBatch, kSrcBatch <T, NV, kEdge>: edges in flight per team in each pass;
 //   kTeamScore: whether a score is a sum over the team's lanes, of which each side then gives a
 //     lane's part, lane_score(j, t), and what the sum makes a score, score_of(sum); else score(j, t)
@@ -437,17 +438,29 @@ template <typename T, int NV, bool kHeavy, bool kBackward = false>
 constexpr int kEdgeBatch =
     std::max(1, (std::is_same_v<T, float> ? 4 : sizeof(T) == 8 ? 2 : kHeavy ? (kBackward ? 4 : 2) : 3) / NV);
 
+// A pass's blocks a SM: kBlocksPerSM's, or 4 (64 registers) for a pass at the light budget whose
+// policy fits it there without spills (kFourBlocks<T, NV, kEdge>): a quarter more teams in flight,
+// for passes bound by latency rather than bytes (GAT's scalar scores on mini-batches).
+template <class Score, typename T, int NV, bool kEdge, bool kHeavyPass>
+constexpr int kPassBlocksPerSM = !kHeavyPass && kBlocksPerSM<T, NV, false> == 3 &&
+                                         Score::template kFourBlocks<T, NV, kEdge>
+                                     ? 4
+                                     : kBlocksPerSM<T, NV, kHeavyPass>;
+
 // The forward's, and the dst pass's: the light budget where a heavy policy's kForwardLight,
 // kDstLight says its batch there fits it.
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kScoreBlocksPerSM =
-    kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::template kForwardLight<T, NV, kEdge>>;
+    kPassBlocksPerSM<Score, T, NV, kEdge,
+                     Score::template kHeavy<kEdge> && !Score::template kForwardLight<T, NV, kEdge>>;
 template <class Score, typename T, int NV, bool kEdge>
 constexpr int kDstBlocksPerSM =
-    kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !Score::template kDstLight<T, NV, kEdge>>;
-// A src pass from records holds no score rows: the light budget.
+    kPassBlocksPerSM<Score, T, NV, kEdge, Score::template kHeavy<kEdge> && !Score::template kDstLight<T, NV, kEdge>>;
+// A src pass from records holds no score rows: the light budget. One that recomputes the scores
+// keeps the policy's own (and never four blocks: it holds more).
 template <class Score, typename T, int NV, bool kEdge, bool kRecords>
-constexpr int kSrcBlocksPerSM = kBlocksPerSM<T, NV, Score::template kHeavy<kEdge> && !kRecords>;
+constexpr int kSrcBlocksPerSM =
+    kRecords ? kPassBlocksPerSM<Score, T, NV, kEdge, false> : kBlocksPerSM<T, NV, Score::template kHeavy<kEdge>>;
 
 // The src pass's side of a policy and its batch: Src, or SrcFromRecords when it reads the dst
 // pass's records.

@@ -43,6 +43,8 @@ struct GatFamily : RecordsPolicy {
   static constexpr bool kForwardLight = false;
   template <typename T, int NV, bool kEdge>
   static constexpr bool kDstLight = false;
+  template <typename T, int NV, bool kEdge>
+  static constexpr bool kFourBlocks = false;
   static constexpr bool kTeamGrads = false;
 
   // Whether every row the passes read or write as rows can move as 16-byte vectors of T.
@@ -73,9 +75,13 @@ struct GatScore : GatFamily {
   // A score of per-node scalars: the same on every lane, no sum.
   static constexpr bool kTeamScore = false;
 
-  // Per-edge extras are scalars: the register budget of a light score.
+  // Per-edge extras are scalars: the register budget of a light score. With rows of one vector a
+  // lane and no edge term, every pass (the src pass from records) fits 64 registers: four blocks
+  // a SM (at most 8 bytes spilled, by the float forward; sm_90).
   template <bool kEdge>
   static constexpr bool kHeavy = false;
+  template <typename T, int NV, bool kEdge>
+  static constexpr bool kFourBlocks = NV == 1 && !kEdge;
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, false>;
   template <typename T, int NV, bool kEdge>

@@ -59,6 +59,9 @@ struct DotScore : RecordsPolicy {
   static constexpr bool kForwardLight = false;
   template <typename T, int NV, bool kEdge>
   static constexpr bool kDstLight = false;
+  // At 64 registers its float passes spill (72-198 bytes, sm_90).
+  template <typename T, int NV, bool kEdge>
+  static constexpr bool kFourBlocks = false;
   static constexpr bool kTeamGrads = false;
   template <typename T, int NV, bool kEdge>
   static constexpr int kForwardBatch = kEdgeBatch<T, NV, kEdge>;
