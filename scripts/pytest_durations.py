@@ -8,21 +8,21 @@ reports. ``scripts/device_check.sh`` loads it for its ``tests`` stage."""
 
 import os
 
-_started = {}
+_so_far = {}  # node id -> (seconds, outcome) of the phases reported so far
 
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("PYTEST_DURATIONS_FILE")
     if not path:
         return
-    seconds, outcome = _started.get(report.nodeid, (0.0, "passed"))
+    seconds, outcome = _so_far.get(report.nodeid, (0.0, "passed"))
     seconds += report.duration
     if outcome == "passed" and not report.passed:
         # pytest's words: a failure outside the test's call is an error.
         outcome = "error" if report.failed and report.when != "call" else report.outcome
     if report.when != "teardown":
-        _started[report.nodeid] = (seconds, outcome)
+        _so_far[report.nodeid] = (seconds, outcome)
         return
-    _started.pop(report.nodeid, None)
+    _so_far.pop(report.nodeid, None)
     with open(path, "a") as out:
         out.write(f"{seconds:.3f} {outcome} {report.nodeid}\n")
