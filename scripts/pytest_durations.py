@@ -4,7 +4,7 @@ node_id`` to that file when its teardown ends (its setup, call and teardown summ
 passed, failed, skipped, or error for a failure in setup or teardown). Unlike ``--durations``,
 whose table comes at the end of the session, a run cut short keeps the times of what it finished.
 Under pytest-xdist the lines come from the controlling process, which receives every worker's
-reports. ``scripts/device_check.sh`` loads it for its ``tests`` stage."""
+reports; the workers, which see their own reports first, write none. ``scripts/device_check.sh`` loads it for its ``tests`` stage."""
 
 import os
 
@@ -13,7 +13,7 @@ _so_far = {}  # node id -> (seconds, outcome) of the phases reported so far
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("PYTEST_DURATIONS_FILE")
-    if not path:
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     seconds, outcome = _so_far.get(report.nodeid, (0.0, "passed"))
     seconds += report.duration

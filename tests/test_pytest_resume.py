@@ -61,7 +61,9 @@ def test_durations_are_written_as_tests_finish(tmp_path):
                    PYTHONPATH=os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_durations",
                         *extra, "test_some.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        lines = {line.split(" ", 2)[2]: line.split(" ", 2)[:2] for line in durations.read_text().splitlines()}
+        written = durations.read_text().splitlines()
+        lines = {line.split(" ", 2)[2]: line.split(" ", 2)[:2] for line in written}
+        assert len(written) == len(lines), written
         assert set(lines) == {f"test_some.py::test_{n}" for n in ("slow", "fails", "setup_fails", "skipped")}, lines
         assert lines["test_some.py::test_slow"][1] == "passed" and float(lines["test_some.py::test_slow"][0]) >= 0.2
         assert lines["test_some.py::test_fails"][1] == "failed"
