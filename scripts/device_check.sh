@@ -134,7 +134,11 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
       tail -n 1 "$OUT/pytest.log" ;;
     pyg)
       # PyG's own test files with edgedot's layers swapped in (carry tests/pyg/upstream/test, laid out
-      # by scripts/pyg_tests.sh), on their own: beside a full test stage they outlast a call.
+      # by scripts/pyg_tests.sh), on their own: beside a full test stage they outlast a call. Without
+      # the files the suite would skip, which is no result: refused.
+      if [ ! -f "${EDGEDOT_PYG_TESTS:-tests/pyg/upstream}/test/nn/conv/test_transformer_conv.py" ]; then
+        echo "pyg: PyG's test files are missing (carry tests/pyg/upstream/test; tests/pyg/README.md)"; exit 1
+      fi
       python3 -m pytest -v tests/test_pyg_suite.py -p no:cacheprovider ${PYTEST_ARGS:-} > "$OUT/pyg_suite.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pyg_suite.log" | head -n 20
       tail -n 1 "$OUT/pyg_suite.log" ;;
