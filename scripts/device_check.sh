@@ -14,7 +14,7 @@
 # with BENCH_ARGS="--reps-scale 0.25"). BENCH_ARGS passes options to the benchmark, PYTEST_ARGS
 # to pytest, PYTEST_TARGETS the test files (default: tests), PYTEST_RESUME_LOGS a folder of earlier
 # calls' pytest.log files whose finished tests are left out (the whole suite over several calls),
-# PYTEST_CPU_CASES=1 keeps the cases parametrized for the CPU (left out by default: CI runs them),
+# PYTEST_CPU_CASES=1 keeps the CPU's cases and cpu_only tests (left out by default: CI runs them),
 # PROFILE_ARGS to scripts/profile_minibatch.py (split at spaces: its --paths substrings hold none),
 # FUZZ_COUNT the seeds of each fuzz (`fuzz`; default 300; at 200 the five fuzzes took 38 s on an
 # H100).
@@ -122,7 +122,8 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
       # comes (-v), so a run cut short by the call's time limit still names its failures. With
       # PYTEST_RESUME_LOGS (a carried folder of earlier calls' pytest.log files), the tests they
       # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
-      # The cases parametrized for the CPU are left out (CI runs them) unless PYTEST_CPU_CASES=1;
+      # The cases parametrized for the CPU and the tests marked cpu_only (tests/conftest.py) are left
+      # out (CI runs them) unless PYTEST_CPU_CASES=1;
       # the 30 slowest tests are listed at the end. Each test's time also goes to durations.txt
       # as it finishes (scripts/pytest_durations.py), so a run the call's limit cuts keeps them.
       cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=

@@ -8,17 +8,22 @@ import torch
 
 def pytest_addoption(parser):
     parser.addoption("--cuda-cases-only", action="store_true",
-                     help="leave out the cases parametrized with device 'cpu' (CI runs them on a CPU machine; "
-                          "a GPU machine's time goes to the CUDA cases)")
+                     help="leave out the cases parametrized with device 'cpu' and the tests marked cpu_only (CI "
+                          "runs them on a CPU machine; a GPU machine's time goes to the CUDA cases)")
 
 
 def cpu_case(item):
-    """Whether ``item`` is a case of a test parametrized over devices, for the CPU."""
+    """Whether ``item`` runs on the CPU alone: a case of a test parametrized over devices, for the
+    CPU, or a test marked ``cpu_only``."""
+    if item.get_closest_marker("cpu_only") is not None:
+        return True
     params = getattr(getattr(item, "callspec", None), "params", {})
     return any(name in ("device", "dev") and str(value) == "cpu" for name, value in params.items())
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only: touches no CUDA device (the CPU paths' own tests); "
+                                       "--cuda-cases-only leaves it out")
     config.addinivalue_line("markers", "gpu_memory_heavy: needs tens of GB of device memory; such tests run one at "
                                        "a time among the workers sharing a GPU")
 

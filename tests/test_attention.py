@@ -356,6 +356,7 @@ def test_dropout_keep_hash(seed, offset, p):
         assert not keep.any()
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("count,num_rows", [(300, 40), (9000, 5000), (9000, 30000), (40000, 7000), (0, 5)])
 @pytest.mark.parametrize("width", [(1,), (4, 2), (16,), (17,), (4, 16), (2, 128)], ids=str)
@@ -387,6 +388,7 @@ def test_row_sums_in_edge_order(grouped, width, count, num_rows, dtype):
     assert torch.equal(runs[0][-1], start[-1])
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 def test_cpu_one_chunk_keeps_rows_and_agrees_with_chunks(dtype, index_dtype, monkeypatch):
@@ -438,6 +440,7 @@ def test_cpu_one_chunk_threads_and_ops_agree_bitwise():
             assert torch.equal(a, b)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("grouped", [False, True], ids=["shuffled", "grouped"])
 @pytest.mark.parametrize("edge_feat", [False, True], ids=["noedge", "edge"])
 def test_cpu_large_chunks_match_reference(edge_feat, grouped):

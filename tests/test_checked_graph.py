@@ -9,6 +9,8 @@ import edgedot.nn
 from edgedot.ops import checked_graph
 from utils import gen, rand_feat, rand_index
 
+pytestmark = pytest.mark.cpu_only  # a CPU path
+
 LAYERS = {"transformer": edgedot.nn.TransformerConv, "gat": edgedot.nn.GATConv, "gatv2": edgedot.nn.GATv2Conv}
 
 

@@ -155,6 +155,7 @@ def test_shapes(kind, device, shape, small_chunks):
     check(kind, *kind.make(device=device, edge=True, **shape))
 
 
+@pytest.mark.cpu_only
 @kinds
 def test_cpu_large_chunks(kind):
     """Chunks whose sums of rows are sparse products (9000 edges of 2 x 12, the CPU path's default
@@ -166,6 +167,7 @@ def test_cpu_large_chunks(kind):
         assert torch.equal(a, b)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 @kinds

@@ -139,6 +139,7 @@ def test_fused_projection_matches_separate(device):
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("options", [dict(), dict(bias=False), dict(beta=True), dict(concat=False),
                                      dict(heads=1, concat=False), dict(root_weight=False)],
                          ids=["default", "nobias", "beta", "mean", "h1-mean", "noroot"])
