@@ -334,6 +334,7 @@ SCRIPTED_CASES = [(kind, holder, edge_dim) for kind in LAYERS for holder in ("sq
                   for edge_dim in (None, 3)] + [("gat", "source_only", None)]
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("kind,holder,edge_dim", SCRIPTED_CASES, ids=lambda v: str(v))
 def test_scripted_matches_eager_bitwise(kind, holder, edge_dim):
     """A scripted module runs the op the eager module runs: outputs (and attention weights)
