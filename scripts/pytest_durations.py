@@ -4,7 +4,8 @@ node_id`` to that file when its teardown ends (its setup, call and teardown summ
 passed, failed, skipped, or error for a failure in setup or teardown). Unlike ``--durations``,
 whose table comes at the end of the session, a run cut short keeps the times of what it finished.
 Under pytest-xdist the lines come from the controlling process, which receives every worker's
-reports; the workers, which see their own reports first, write none. ``scripts/device_check.sh`` loads it for its ``tests`` stage."""
+reports; the workers, which see their own reports first, write none. ``scripts/device_check.sh``
+loads it for its ``tests`` stage."""
 
 import os
 
