@@ -123,9 +123,9 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
       # PYTEST_RESUME_LOGS (a carried folder of earlier calls' pytest.log files), the tests they
       # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
       # The cases parametrized for the CPU and the tests marked cpu_only (tests/conftest.py) are left
-      # out (CI runs them) unless PYTEST_CPU_CASES=1;
-      # the 30 slowest tests are listed at the end. Each test's time also goes to durations.txt
-      # as it finishes (scripts/pytest_durations.py), so a run the call's limit cuts keeps them.
+      # out (CI runs them) unless PYTEST_CPU_CASES=1; the 30 slowest tests are listed at the end.
+      # Each test's time also goes to durations.txt as it finishes (scripts/pytest_durations.py),
+      # so a run the call's limit cuts keeps them.
       cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=
       # shellcheck disable=SC2086
       PYTEST_DURATIONS_FILE=$OUT/durations.txt PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v \

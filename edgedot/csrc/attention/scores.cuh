@@ -59,7 +59,7 @@ struct DotScore : RecordsPolicy {
   static constexpr bool kForwardLight = false;
   template <typename T, int NV, bool kEdge>
   static constexpr bool kDstLight = false;
-  // At 64 registers its float passes spill (72-198 bytes, sm_90).
+  // At 64 registers its passes spill (float 72-198 bytes, half types' 16-byte rows 120-268; sm_90).
   template <typename T, int NV, bool kEdge>
   static constexpr bool kFourBlocks = false;
   static constexpr bool kTeamGrads = false;
