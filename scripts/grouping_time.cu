@@ -1,8 +1,10 @@
 // The one-launch grouping of csrc/common/group_edges_cooperative.cu on a mini-batch (16,384 seeds x
-// 10 in-edges, sources among 180,224 nodes, both sides over 180,224 rows), timed with CUDA events
-// (median of 50 after 5) and checked against a stable sort on the host.
+// `fanout` in-edges, default 10, sources among 180,224 nodes, both sides over 180,224 rows), timed
+// with CUDA events (median of 50 after 5) and checked against a stable sort on the host. With `hub`
+// edges (default 0), every 97th edge's source is node 0 up to that many: a row longer than the
+// counting sort ranks sends the batch to the radix sort.
 //   nvcc -std=c++17 -O3 -arch=sm_90 -I edgedot/csrc -o /tmp/grouping_time scripts/grouping_time.cu \
-//     && /tmp/grouping_time [fanout]
+//     && /tmp/grouping_time [fanout [hub]]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,7 @@
 int main(int argc, char** argv) {
   using namespace edgedot;
   const int64_t seeds = 16384, fanout = argc > 1 ? std::atoi(argv[1]) : 10, nodes = 11 * seeds;
+  const int64_t hub = argc > 2 ? std::atoi(argv[2]) : 0;
   const int64_t edges = seeds * fanout, keys = 2 * edges;
   std::vector<int64_t> dst(edges), src(edges);
   std::mt19937_64 rng(0);
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
     dst[e] = e / fanout;
     src[e] = static_cast<int64_t>(rng() % nodes);
   }
+  for (int64_t e = 0; e < edges && e / 97 < hub; e += 97) src[e] = 0;
   int64_t *d_dst, *d_src, *packed, *offsets;
   CK(cudaMalloc(&d_dst, edges * 8));
   CK(cudaMalloc(&d_src, edges * 8));
@@ -89,7 +93,8 @@ int main(int argc, char** argv) {
       wrong += got_offsets[side * (nodes + 1) + r] != at;
     }
   }
-  std::printf("grouping, %lld keys in %d tiles: median %.1f us, min %.1f us; entries or offsets wrong: %lld\n",
-              static_cast<long long>(keys), tiles, times[times.size() / 2], times[0], static_cast<long long>(wrong));
+  std::printf("grouping, %lld keys in %d tiles, hub %lld: median %.1f us, min %.1f us; entries or offsets wrong: "
+              "%lld\n", static_cast<long long>(keys), tiles, static_cast<long long>(hub), times[times.size() / 2],
+              times[0], static_cast<long long>(wrong));
   return wrong != 0;
 }

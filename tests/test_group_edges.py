@@ -122,14 +122,44 @@ def test_tile_edges_and_past_the_one_launch_sort(num_keys, both):
 @pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
 @pytest.mark.parametrize("num_rows", [1000, 2**20 + 5000, 2**26])
 def test_offsets_scanned_or_searched(num_rows, both):
-    """The one-launch sort's offsets: a scan of the keys' ends where the rows are few against the
-    keys (up to 4 x the keys + 2**20 of key space), binary searches past that; rows before the
-    first key, between keys and past the last, and out-of-range rows."""
+    """The one-launch sort's offsets: a scan of the rows' counts where the rows are few against the
+    keys (up to 4 x the keys + 2**20 of key space: the counting sort), binary searches past that
+    (the radix sort); rows before the first key, between keys and past the last, and out-of-range
+    rows."""
     g = gen(num_rows + both)
     rows = torch.randint(0, min(num_rows, 3000), (4000,), generator=g) * (num_rows // 3000 + 1)
     rows[::50] = num_rows + 7
     others = torch.randint(0, NUM_OTHER, (4000,), generator=g)
     (_check_both if both else _check)(rows.cuda(), others.cuda(), num_rows, NUM_OTHER)
+
+# Rows up to which the one-launch grouping's counting sort ranks a row's entries; a longer row sends
+# the batch to its radix sort (group_edges_cooperative.cu, kRankedRowMax).
+RANKED_ROW_MAX = 512
+
+
+@requires_cuda
+@pytest.mark.parametrize("both", [False, True], ids=["one_side", "both_sides"])
+@pytest.mark.parametrize("longest", [RANKED_ROW_MAX - 1, RANKED_ROW_MAX, RANKED_ROW_MAX + 1, 5000])
+@pytest.mark.parametrize("side", ["row", "other", "out_of_range_row"])
+def test_counting_sort_or_radix_by_the_longest_row(side, longest, both):
+    """A mini-batch whose longest row (a hub among the rows, among the other ends, or the rows out of
+    range, which sort as one row) holds just under, at or past the rows the counting sort ranks:
+    the same groupings either way, hub entries spread over the whole batch in edge order."""
+    g = gen(longest * 3 + both + len(side))
+    num_edges = 40000
+    rows = torch.randint(0, 20000, (num_edges,), generator=g)
+    others = torch.randint(0, NUM_OTHER, (num_edges,), generator=g)
+    rows[rows == 777] = 778
+    others[others == 5] = 6
+    hub = torch.randperm(num_edges, generator=g)[:longest]
+    if side == "row":
+        rows[hub] = 777
+    elif side == "other":
+        others[hub] = 5  # a row of the second side's grouping
+    else:
+        rows[hub] = -1
+    (_check_both if both else _check)(rows.cuda(), others.cuda(), 20000, NUM_OTHER)
+
 
 @requires_cuda
 def test_a_mini_batch_groups_in_one_launch():

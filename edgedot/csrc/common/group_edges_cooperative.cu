@@ -1,9 +1,17 @@
-// The groupings of a small batch in one launch: the keys of launch_sort_by_row, sorted by a stable
-// LSD radix sort whose passes are separated by grid-wide syncs, then launch_group_edges' groupings,
-// all in one cooperative kernel. CUB's sort takes a histogram, a scan and one launch per 8-bit pass
-// between the key kernel and the grouping kernel; on a mini-batch those launches cost the host more
-// than the sort costs the device. The sort is stable, so the groupings are the same bits.
+// The groupings of a small batch in one launch: the keys of launch_sort_by_row, sorted, then
+// launch_group_edges' groupings, all in one cooperative kernel whose phases are separated by
+// grid-wide syncs. CUB's sort takes a histogram, a scan and one launch per 8-bit pass between the
+// key kernel and the grouping kernel; on a mini-batch those launches cost the host more than the
+// sort costs the device.
 //
+// Where the key space is small beside the keys (a mini-batch's rows), a counting sort serves: each
+// row's count, a scan of the counts (the offsets, and each row's first place), each entry placed at
+// its row's cursor by an atomic, then each entry's place within its row recomputed as its rank by
+// edge position. Four short phases where the radix sort takes three passes of two; the ranks make
+// the order that of a stable sort. A row longer than kRankedRowMax (a hub, or many out-of-range
+// indices) would make the ranks quadratic: the grid sees it after the scan and sorts by radix.
+//
+// The radix sort is a stable LSD sort, so its groupings are the same bits as well.
 // Each block ranks one tile of keys per pass (cub::BlockRadixRankMatch, stable over the tile's
 // warp-striped order), writes its digit counts, and after a grid sync reads every tile's counts to
 // place its keys: every key's place follows from counts alone, so no block waits on another's
@@ -60,19 +68,35 @@ struct SortBuffers {
   int32_t* keys[2];  // a pass reads one buffer and writes the other
   int32_t* positions[2];
   int32_t* tile_counts;  // [tiles][kDigits]: the keys of each digit in each tile, this pass
-  int32_t* key_ends;     // [key space]: 1 + the last sorted place of each key, 0 for a key without one
-  int32_t* block_maxes;  // [grid]: the largest of each block's run of key_ends
+  int32_t* row_counts;   // [key space]: each key's count, then its cursor (the counting sort)
+  int32_t* block_sums;   // [grid]: the sum of each block's run of row_counts
+  int32_t* block_maxes;  // [grid]: the largest count of each block's run
 };
 
-// Key spaces up to which the offsets come from a scan of key_ends (scan_offsets), beyond the keys'
-// count: past it, rows far outnumber edges, and the binary searches cost less than the buffer.
+// Key spaces up to which the counting sort (and its scan of the counts for the offsets) serves,
+// beyond the keys' count: past it, rows far outnumber edges, and the radix sort with a binary search
+// a row costs less than a buffer and a scan of the key space.
 constexpr int64_t kScanSlack = 1 << 20;
 
-bool scans_offsets(int64_t num_keys, int64_t key_space) { return key_space <= 4 * num_keys + kScanSlack; }
+// Rows up to which the counting sort ranks a row's entries (each entry reads every entry of its row).
+constexpr int32_t kRankedRowMax = 512;
+
+bool sorts_by_count(int64_t num_keys, int64_t key_space) { return key_space <= 4 * num_keys + kScanSlack; }
 
 struct MaxOp {
   __device__ __forceinline__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
 };
+
+// The first and last key of a block's run of the key space.
+struct KeyRun {
+  int64_t begin, end;
+};
+
+__device__ __forceinline__ KeyRun key_run(int64_t key_space) {
+  const int64_t run = (key_space + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(key_space, static_cast<int64_t>(blockIdx.x) * run);
+  return {begin, min(key_space, begin + run)};
+}
 
 // A block's shared memory: the rank's, the scan's and the tile's keys (or positions) in sorted
 // order, used in turn, and what a pass keeps per digit.
@@ -141,13 +165,12 @@ __device__ __forceinline__ void place_tile(TileShared<KPT>& shared, const int32_
 // One pass's writes of a tile's valid keys and their positions, ranked (ranks: each entry's place in
 // the tile's sorted order; the valid entries take places [0, valid)): each goes to shared memory at
 // its place, then thread i writes places i, i + kSortThreads, ..., whose keys of one digit go to
-// consecutive addresses. In the last pass (key_ends not null) equal keys lie next to each other in
-// the tile's sorted order, and the last of each run raises its key's end to its place + 1.
+// consecutive addresses.
 template <int KPT>
 __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32_t (&keys)[KPT],
                                            const int32_t (&positions)[KPT], const int (&ranks)[KPT], int first_entry,
                                            int valid, KeyDigit digit, int32_t* __restrict__ out_keys,
-                                           int32_t* __restrict__ out_positions, int32_t* key_ends) {
+                                           int32_t* __restrict__ out_positions) {
 #pragma unroll
   for (int j = 0; j < KPT; ++j) {
     if (first_entry + j * 32 < valid) shared.temp.sorted[ranks[j]] = static_cast<int32_t>(keys[j]);
@@ -161,9 +184,6 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
       const int32_t key = shared.temp.sorted[i];
       to[j] = shared.digit_base[digit.Digit(static_cast<uint32_t>(key))] + i;
       out_keys[to[j]] = key;
-      if (key_ends != nullptr && (i + 1 == valid || shared.temp.sorted[i + 1] != key)) {
-        atomicMax(key_ends + key, to[j] + 1);
-      }
     }
   }
   __syncthreads();
@@ -179,50 +199,130 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
   }
 }
 
-// Each side's offsets from key_ends, after the sort: the offset of key k (the first sorted place
-// whose key is >= k) is the largest end of the keys below k, an exclusive max-scan over the key
-// space (each block scans its run, after the largest of the runs before it). No search per row, and
-// a gap of rows without edges costs what any rows cost. The second side's places count from
-// num_edges.
-template <int KPT, typename FirstOther, typename SecondOther>
-__device__ __forceinline__ void scan_offsets(TileShared<KPT>& shared, const SortBuffers& buffers, int64_t key_space,
-                                             int32_t num_edges, const TypedSide<FirstOther>& first,
-                                             const TypedSide<SecondOther>& second, const cg::grid_group& grid,
-                                             int64_t run) {
-  const int64_t begin = min(key_space, static_cast<int64_t>(blockIdx.x) * run);
-  const int64_t end = min(key_space, begin + run);
-  int32_t own = 0;
-  for (int64_t k = begin + threadIdx.x; k < end; k += kSortThreads) own = max(own, __ldcg(buffers.key_ends + k));
-  int32_t unused, run_max;
-  DigitScan(shared.temp.scan).ExclusiveScan(own, unused, 0, MaxOp{}, run_max);
-  if (threadIdx.x == 0) buffers.block_maxes[blockIdx.x] = run_max;
-  grid.sync();
-  int32_t earlier = 0;
-  for (unsigned b = threadIdx.x; b < blockIdx.x; b += kSortThreads) earlier = max(earlier, __ldcg(buffers.block_maxes + b));
-  int32_t carry;
-  __syncthreads();  // (the scan's storage is used again)
-  DigitScan(shared.temp.scan).ExclusiveScan(earlier, unused, 0, MaxOp{}, carry);
-  const int64_t first_keys = first.num_rows + 1;
-  for (int64_t tile = begin; tile < end; tile += kSortThreads) {
-    const int64_t k = tile + threadIdx.x;
-    const int32_t e = k < end ? __ldcg(buffers.key_ends + k) : 0;
-    int32_t before, tile_max;
-    __syncthreads();
-    DigitScan(shared.temp.scan).ExclusiveScan(e, before, carry, MaxOp{}, tile_max);
-    if (k < end) {
-      if (k < first_keys) first.offsets[k] = before;
-      else second.offsets[k - first_keys] = before - num_edges;
-    }
-    carry = max(carry, tile_max);
+// The counting sort's phases (see the top of the file); every thread of the grid calls each, thread
+// and threads its place in the grid. Keys come from edge_key (second_idx: null for one side).
+
+// Each key's count, into row_counts (zero before).
+template <typename RowIdx, typename OtherIdx>
+__device__ __forceinline__ void count_rows(const RowIdx* __restrict__ row_idx, const OtherIdx* __restrict__ second_idx,
+                                           int64_t num_keys, int32_t num_edges, int32_t num_rows,
+                                           int32_t num_second_rows, int32_t* row_counts, int64_t thread,
+                                           int64_t threads) {
+  for (int64_t i = thread; i < num_keys; i += threads) {
+    int32_t key, position;
+    edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, key, position);
+    atomicAdd(row_counts + key, 1);
   }
+}
+
+// The exclusive sum of the counts over the key space: each side's offsets, and in row_counts each
+// key's first place (its cursor). Each block scans its run after the sum of the runs before it.
+// Returns the longest row's count, the same in every block.
+template <int KPT, typename FirstOther, typename SecondOther>
+__device__ __forceinline__ int32_t scan_rows(TileShared<KPT>& shared, const SortBuffers& buffers, int64_t key_space,
+                                             int32_t num_edges, const TypedSide<FirstOther>& first,
+                                             const TypedSide<SecondOther>& second, const cg::grid_group& grid) {
+  const KeyRun run = key_run(key_space);
+  int32_t own_sum = 0, own_max = 0;
+  for (int64_t k = run.begin + threadIdx.x; k < run.end; k += kSortThreads) {
+    const int32_t count = __ldcg(buffers.row_counts + k);
+    own_sum += count;
+    own_max = max(own_max, count);
+  }
+  int32_t unused, run_sum, run_max;
+  DigitScan(shared.temp.scan).ExclusiveSum(own_sum, unused, run_sum);
+  __syncthreads();
+  DigitScan(shared.temp.scan).ExclusiveScan(own_max, unused, 0, MaxOp{}, run_max);
+  if (threadIdx.x == 0) {
+    buffers.block_sums[blockIdx.x] = run_sum;
+    buffers.block_maxes[blockIdx.x] = run_max;
+  }
+  grid.sync();
+  int32_t earlier = 0, longest_seen = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += kSortThreads) {
+    if (b < blockIdx.x) earlier += __ldcg(buffers.block_sums + b);
+    longest_seen = max(longest_seen, __ldcg(buffers.block_maxes + b));
+  }
+  int32_t carry, longest;
+  __syncthreads();  // (the scan's storage is used again)
+  DigitScan(shared.temp.scan).ExclusiveSum(earlier, unused, carry);
+  __syncthreads();
+  DigitScan(shared.temp.scan).ExclusiveScan(longest_seen, unused, 0, MaxOp{}, longest);
+  const int64_t first_keys = first.num_rows + 1;
+  for (int64_t tile = run.begin; tile < run.end; tile += kSortThreads) {
+    const int64_t k = tile + threadIdx.x;
+    const int32_t count = k < run.end ? __ldcg(buffers.row_counts + k) : 0;
+    int32_t before, tile_sum;
+    __syncthreads();
+    DigitScan(shared.temp.scan).ExclusiveSum(count, before, tile_sum);
+    if (k < run.end) {
+      const int32_t start = carry + before;
+      buffers.row_counts[k] = start;
+      if (k < first_keys) first.offsets[k] = start;
+      else second.offsets[k - first_keys] = start - num_edges;
+    }
+    carry += tile_sum;
+  }
+  return longest;
+}
+
+// Each entry at its key's cursor (taken by an atomic, in no set order): keys[0] and positions[0]
+// hold the keys and edge positions by place, row_counts then each key's end.
+template <typename RowIdx, typename OtherIdx>
+__device__ __forceinline__ void scatter_rows(const RowIdx* __restrict__ row_idx,
+                                             const OtherIdx* __restrict__ second_idx, int64_t num_keys,
+                                             int32_t num_edges, int32_t num_rows, int32_t num_second_rows,
+                                             const SortBuffers& buffers, int64_t thread, int64_t threads) {
+  for (int64_t i = thread; i < num_keys; i += threads) {
+    int32_t key, position;
+    edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, key, position);
+    const int32_t place = atomicAdd(buffers.row_counts + key, 1);
+    buffers.keys[0][place] = key;
+    buffers.positions[0][place] = position;
+  }
+}
+
+// The groupings' entries (as write_entries) from the scattered rows: an entry's place in its row is
+// the count of the row's entries of smaller edge position (positions are distinct within a side),
+// the place a stable sort gives it.
+template <typename FirstOther, typename SecondOther>
+__device__ __forceinline__ void write_ranked_entries(const SortBuffers& buffers, int64_t num_keys, int32_t num_edges,
+                                                     const TypedSide<FirstOther>& first,
+                                                     const TypedSide<SecondOther>& second, RangeFlags range_flags,
+                                                     int64_t thread, int64_t threads) {
+  const int32_t first_keys = static_cast<int32_t>(first.num_rows + 1);
+  const int32_t row_out_key = static_cast<int32_t>(first.num_rows);
+  bool row_out = false, other_out = false;
+  for (int64_t j = thread; j < num_keys; j += threads) {
+    const int32_t key = __ldcg(buffers.keys[0] + j);
+    const int32_t position = __ldcg(buffers.positions[0] + j);
+    const int32_t begin = key == 0 ? 0 : __ldcg(buffers.row_counts + key - 1);
+    const int32_t end = __ldcg(buffers.row_counts + key);
+    int32_t rank[4] = {0, 0, 0, 0};
+    int32_t m = begin;
+    for (; m + 4 <= end; m += 4) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) rank[u] += __ldcg(buffers.positions[0] + m + u) < position;
+    }
+    for (; m < end; ++m) rank[0] += __ldcg(buffers.positions[0] + m) < position;
+    const int64_t place = begin + rank[0] + rank[1] + rank[2] + rank[3];
+    if (key < first_keys) {
+      row_out |= key == row_out_key;
+      other_out |= group_entry(first, key, position, place, 0);
+    } else {
+      group_entry(second, key, position, place - num_edges, first_keys);
+    }
+  }
+  publish_range_flags(range_flags, row_out, other_out);
 }
 
 // num_tiles tiles of tile_keys(KPT) entries over the sides * num_edges keys of edge_key (second side
 // from first.other_idx when sides is 2), block t sorting tile t; num_bits: the bits the largest key
-// needs (key_bits); key_space: the keys' range (max key + 1) where the offsets come from
-// scan_offsets (buffers.key_ends then holds that many entries), else 0 (binary searches). Every
-// resident block is launched: those past the tiles only wait at the syncs, and all of them write the
-// groupings.
+// needs (key_bits); key_space: the keys' range (max key + 1) where the counting sort serves
+// (buffers.row_counts then holds that many entries; its scan writes the offsets, also where a long
+// row leaves the sort to the radix passes), else 0 (the radix sort, then a binary search a row).
+// Every resident block is launched: those past the tiles only wait at the radix passes' syncs, and
+// all of them take part in the other phases.
 template <int KPT, typename RowIdx, typename OtherIdx>
 __global__ void __launch_bounds__(kSortThreads, 1)
 cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edges, int sides, int num_bits,
@@ -244,8 +344,22 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
 
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // Ordered before the last pass's raises by the syncs between.
-  for (int64_t k = thread; k < key_space; k += threads) buffers.key_ends[k] = 0;
+  if (key_space > 0) {  // the same for the whole grid
+    for (int64_t k = thread; k < key_space; k += threads) buffers.row_counts[k] = 0;
+    grid.sync();
+    count_rows(row_idx, second_idx, num_keys, num_edges, num_rows, num_second_rows, buffers.row_counts, thread,
+               threads);
+    grid.sync();
+    const int32_t longest = scan_rows(shared, buffers, key_space, num_edges, first, second, grid);
+    if (longest <= kRankedRowMax) {
+      grid.sync();
+      scatter_rows(row_idx, second_idx, num_keys, num_edges, num_rows, num_second_rows, buffers, thread, threads);
+      grid.sync();
+      write_ranked_entries(buffers, num_keys, num_edges, first, second, range_flags, thread, threads);
+      return;
+    }
+    // The radix passes' first syncs order their writes after the scan's reads.
+  }
 
   const int passes = (num_bits + kDigitBits - 1) / kDigitBits;
   for (int pass = 0; pass < passes; ++pass) {
@@ -279,7 +393,7 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
     if (sorts) {
       place_tile(shared, buffers.tile_counts, tile, num_tiles);
       write_tile(shared, keys, positions, ranks, first_entry, valid, digit, buffers.keys[pass & 1],
-                 buffers.positions[pass & 1], pass + 1 == passes && key_space > 0 ? buffers.key_ends : nullptr);
+                 buffers.positions[pass & 1]);
     }
     grid.sync();
   }
@@ -287,11 +401,7 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   const int sorted = (passes + 1) & 1;
   write_entries(buffers.keys[sorted], buffers.positions[sorted], num_edges, sides, first, second, range_flags, thread,
                 threads);
-  if (key_space > 0) {  // the same for the whole grid
-    scan_offsets(shared, buffers, key_space, num_edges, first, second, grid, (key_space + gridDim.x - 1) / gridDim.x);
-  } else {
-    write_searched_offsets(buffers.keys[sorted], num_edges, sides, first, second, thread, threads);
-  }
+  if (key_space == 0) write_searched_offsets(buffers.keys[sorted], num_edges, sides, first, second, thread, threads);
 }
 
 // Calls f(kernel, row index, other index) with the kernel for the index types and keys_per_thread
@@ -342,8 +452,8 @@ int64_t cooperative_grouping_ints(int64_t num_keys, int tiles, const GroupSide& 
                                   IndexKind row_index) {
   const int64_t ints = 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
   const int64_t key_space = key_space_of(first, second);
-  if (!scans_offsets(num_keys, key_space)) return ints;
-  return ints + key_space + resident_blocks(row_index, first.other_index, keys_per_thread(num_keys, tiles));
+  if (!sorts_by_count(num_keys, key_space)) return ints;
+  return ints + key_space + 2 * resident_blocks(row_index, first.other_index, keys_per_thread(num_keys, tiles));
 }
 
 bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, int64_t num_edges, int tiles,
@@ -352,12 +462,14 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
   const int sides = second == nullptr ? 1 : 2;
   const int64_t num_keys = sides * num_edges;
   const int64_t key_space = key_space_of(first, second);
-  int32_t* key_ends = scratch + 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+  int32_t* row_counts = scratch + 4 * num_keys + static_cast<int64_t>(tiles) * kDigits;
+  const int blocks = resident_blocks(row_index, first.other_index, keys_per_thread(num_keys, tiles));
   SortBuffers buffers{{scratch, scratch + num_keys},
                       {scratch + 2 * num_keys, scratch + 3 * num_keys},
                       scratch + 4 * num_keys,
-                      key_ends,
-                      key_ends + key_space};
+                      row_counts,
+                      row_counts + key_space,
+                      row_counts + key_space + blocks};
   cudaError_t status = cudaSuccess;
   with_kernel(row_index, first.other_index, keys_per_thread(num_keys, tiles), [&](auto kernel, auto ri, auto oi) {
     using RowIdx = decltype(ri);
@@ -365,7 +477,7 @@ bool launch_group_edges_cooperative(const void* row_idx, IndexKind row_index, in
     // One side: the second is never read (sides is 1).
     status = launch_cooperative(kernel, resident_blocks(reinterpret_cast<const void*>(kernel)), kSortThreads, stream,
                                 static_cast<const RowIdx*>(row_idx), static_cast<int32_t>(num_edges), sides,
-                                key_bits(key_space - 1), tiles, scans_offsets(num_keys, key_space) ? key_space : 0,
+                                key_bits(key_space - 1), tiles, sorts_by_count(num_keys, key_space) ? key_space : 0,
                                 buffers, typed<OtherIdx>(first),
                                 typed<RowIdx>(second == nullptr ? first : *second), range_flags);
   });

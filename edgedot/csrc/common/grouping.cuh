@@ -79,6 +79,19 @@ __device__ __forceinline__ bool group_entry(const TypedSide<OtherIdx>& side, int
   return !other_in;
 }
 
+// Raises the range flags a block's threads found (row_out, other_out: each thread's own), called
+// by every thread of the block.
+__device__ __forceinline__ void publish_range_flags(RangeFlags range_flags, bool row_out, bool other_out) {
+  if (range_flags.row_out == nullptr && range_flags.other_out == nullptr) return;  // the same for the whole grid
+  // One store per block and failed condition, each writing 1: their order is irrelevant.
+  const int any_row_out = __syncthreads_or(row_out);
+  const int any_other_out = __syncthreads_or(other_out);
+  if (threadIdx.x == 0) {
+    if (any_row_out && range_flags.row_out != nullptr) *range_flags.row_out = 1;
+    if (any_other_out && range_flags.other_out != nullptr) *range_flags.other_out = 1;
+  }
+}
+
 // The groupings' entries (order, row_other) from the sorted keys and positions (sides * num_edges of
 // each; sides 1 or 2: entries [0, num_edges) are the first side's, [num_edges, 2 num_edges) the
 // second's, whose keys start at first.num_rows + 1) and the range flags, for threads start, start +
@@ -104,15 +117,7 @@ __device__ __forceinline__ void write_entries(const int32_t* keys, const int32_t
       group_entry(second, keys[i], positions[i], i - num_edges, second_base);
     }
   }
-  if (range_flags.row_out != nullptr || range_flags.other_out != nullptr) {  // the same for the whole grid
-    // One store per block and failed condition, each writing 1: their order is irrelevant.
-    const int any_row_out = __syncthreads_or(row_out);
-    const int any_other_out = __syncthreads_or(other_out);
-    if (threadIdx.x == 0) {
-      if (any_row_out && range_flags.row_out != nullptr) *range_flags.row_out = 1;
-      if (any_other_out && range_flags.other_out != nullptr) *range_flags.other_out = 1;
-    }
-  }
+  publish_range_flags(range_flags, row_out, other_out);
 }
 
 // Each side's offsets from the sorted keys, by a binary search a row.
