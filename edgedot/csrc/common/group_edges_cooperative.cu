@@ -202,16 +202,26 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
 // The counting sort's phases (see the top of the file); every thread of the grid calls each, thread
 // and threads its place in the grid. Keys come from edge_key (second_idx: null for one side).
 
-// Each key's count, into row_counts (zero before).
-template <typename RowIdx, typename OtherIdx>
-__device__ __forceinline__ void count_rows(const RowIdx* __restrict__ row_idx, const OtherIdx* __restrict__ second_idx,
-                                           int64_t num_keys, int32_t num_edges, int32_t num_rows,
-                                           int32_t num_second_rows, int32_t* row_counts, int64_t thread,
-                                           int64_t threads) {
-  for (int64_t i = thread; i < num_keys; i += threads) {
-    int32_t key, position;
-    edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, key, position);
-    atomicAdd(row_counts + key, 1);
+// Calls f(key, position, place) for each key i < num_keys, thread and threads its place in the
+// grid, place taken by `take` from row_counts: lanes of a warp that share a key (a sampled batch's
+// destinations come in runs) take their places with one atomic, the lowest lane's, each lane its
+// rank among them past what it returns. Every lane of a warp calls it.
+template <typename RowIdx, typename OtherIdx, typename F>
+__device__ __forceinline__ void for_each_key(const RowIdx* __restrict__ row_idx, const OtherIdx* __restrict__ second_idx,
+                                             int64_t num_keys, int32_t num_edges, int32_t num_rows,
+                                             int32_t num_second_rows, int32_t* row_counts, int64_t thread,
+                                             int64_t threads, F&& f) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t warp_start = thread - lane; warp_start < num_keys; warp_start += threads) {
+    const int64_t i = warp_start + lane;
+    int32_t key = -1, position = 0;
+    if (i < num_keys) edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, key, position);
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    const int leader = __ffs(peers) - 1;
+    int32_t first_place = 0;
+    if (key >= 0 && lane == leader) first_place = atomicAdd(row_counts + key, __popc(peers));
+    first_place = __shfl_sync(0xffffffffu, first_place, leader);
+    if (key >= 0) f(key, position, first_place + __popc(peers & ((1u << lane) - 1)));
   }
 }
 
@@ -263,6 +273,7 @@ __device__ __forceinline__ int32_t scan_rows(TileShared<KPT>& shared, const Sort
     }
     carry += tile_sum;
   }
+  __syncthreads();  // the radix passes reuse the scan's shared storage
   return longest;
 }
 
@@ -273,13 +284,11 @@ __device__ __forceinline__ void scatter_rows(const RowIdx* __restrict__ row_idx,
                                              const OtherIdx* __restrict__ second_idx, int64_t num_keys,
                                              int32_t num_edges, int32_t num_rows, int32_t num_second_rows,
                                              const SortBuffers& buffers, int64_t thread, int64_t threads) {
-  for (int64_t i = thread; i < num_keys; i += threads) {
-    int32_t key, position;
-    edge_key(row_idx, second_idx, i, num_edges, num_rows, num_second_rows, key, position);
-    const int32_t place = atomicAdd(buffers.row_counts + key, 1);
-    buffers.keys[0][place] = key;
-    buffers.positions[0][place] = position;
-  }
+  for_each_key(row_idx, second_idx, num_keys, num_edges, num_rows, num_second_rows, buffers.row_counts, thread,
+               threads, [&](int32_t key, int32_t position, int32_t place) {
+                 buffers.keys[0][place] = key;
+                 buffers.positions[0][place] = position;
+               });
 }
 
 // The groupings' entries (as write_entries) from the scattered rows: an entry's place in its row is
@@ -347,8 +356,9 @@ cooperative_grouping_kernel(const RowIdx* __restrict__ row_idx, int32_t num_edge
   if (key_space > 0) {  // the same for the whole grid
     for (int64_t k = thread; k < key_space; k += threads) buffers.row_counts[k] = 0;
     grid.sync();
-    count_rows(row_idx, second_idx, num_keys, num_edges, num_rows, num_second_rows, buffers.row_counts, thread,
-               threads);
+    // Each key's count (the places taken are not kept).
+    for_each_key(row_idx, second_idx, num_keys, num_edges, num_rows, num_second_rows, buffers.row_counts, thread,
+                 threads, [](int32_t, int32_t, int32_t) {});
     grid.sync();
     const int32_t longest = scan_rows(shared, buffers, key_space, num_edges, first, second, grid);
     if (longest <= kRankedRowMax) {
