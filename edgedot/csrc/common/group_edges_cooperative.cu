@@ -7,18 +7,19 @@
 // Where the key space is small beside the keys (a mini-batch's rows), a counting sort serves: each
 // row's count, a scan of the counts (the offsets, and each row's first place), each entry placed at
 // its row's cursor by an atomic, then each entry's place within its row recomputed as its rank by
-// edge position. Four short phases where the radix sort takes three passes of two; the ranks make
-// the order that of a stable sort. A row longer than kRankedRowMax (a hub, or many out-of-range
-// indices) would make the ranks quadratic: the grid sees it after the scan and sorts by radix.
+// edge position: four short phases where a mini-batch's radix sort takes three passes of two, and
+// the ranks give the stable sort's order. A row longer than kRankedRowMax (a hub, or many
+// out-of-range indices) would make the ranks quadratic: the grid sees it after the scan and sorts
+// by radix.
 //
-// The radix sort is a stable LSD sort, so its groupings are the same bits as well.
-// Each block ranks one tile of keys per pass (cub::BlockRadixRankMatch, stable over the tile's
-// warp-striped order), writes its digit counts, and after a grid sync reads every tile's counts to
-// place its keys: every key's place follows from counts alone, so no block waits on another's
-// progress but at the syncs. A tile's keys go out through shared memory in their sorted order, so
-// that the keys of one digit leave as contiguous runs (coalesced) rather than one scattered word
-// each: the grid's syncs wait for every block's writes. Small batches take tiles of half the keys,
-// so that more blocks share each pass.
+// The radix sort is a stable LSD sort, so its groupings are the same bits as well. Each block ranks
+// one tile of keys per pass (cub::BlockRadixRankMatch, stable over the tile's warp-striped order),
+// writes its digit counts, and after a grid sync reads every tile's counts to place its keys: every
+// key's place follows from counts alone, so no block waits on another's progress but at the syncs.
+// A tile's keys go out through shared memory in their sorted order, so that the keys of one digit
+// leave as contiguous runs (coalesced) rather than one scattered word each: the grid's syncs wait
+// for every block's writes. Small batches take tiles of half the keys, so that more blocks share
+// each pass.
 #include <cooperative_groups.h>
 
 #include <initializer_list>
@@ -203,14 +204,14 @@ __device__ __forceinline__ void write_tile(TileShared<KPT>& shared, const uint32
 // and threads its place in the grid. Keys come from edge_key (second_idx: null for one side).
 
 // Calls f(key, position, place) for each key i < num_keys, thread and threads its place in the
-// grid, place taken by `take` from row_counts: lanes of a warp that share a key (a sampled batch's
-// destinations come in runs) take their places with one atomic, the lowest lane's, each lane its
-// rank among them past what it returns. Every lane of a warp calls it.
+// grid, place taken from the key's cursor in row_counts: lanes of a warp that share a key (a sampled
+// batch's destinations come in runs) take their places with one atomic, the lowest lane's, each
+// lane its rank among them past what it returns. Every lane of a warp calls it.
 template <typename RowIdx, typename OtherIdx, typename F>
-__device__ __forceinline__ void for_each_key(const RowIdx* __restrict__ row_idx, const OtherIdx* __restrict__ second_idx,
-                                             int64_t num_keys, int32_t num_edges, int32_t num_rows,
-                                             int32_t num_second_rows, int32_t* row_counts, int64_t thread,
-                                             int64_t threads, F&& f) {
+__device__ __forceinline__ void for_each_key(const RowIdx* __restrict__ row_idx,
+                                             const OtherIdx* __restrict__ second_idx, int64_t num_keys,
+                                             int32_t num_edges, int32_t num_rows, int32_t num_second_rows,
+                                             int32_t* row_counts, int64_t thread, int64_t threads, F&& f) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   for (int64_t warp_start = thread - lane; warp_start < num_keys; warp_start += threads) {
     const int64_t i = warp_start + lane;
