@@ -124,12 +124,17 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
       # show finished are left out (scripts/pytest_resume.py): the suite spreads over calls.
       # The cases parametrized for the CPU and the tests marked cpu_only (tests/conftest.py) are left
       # out (CI runs them) unless PYTEST_CPU_CASES=1; the 30 slowest tests are listed at the end.
-      # Each test's time also goes to durations.txt as it finishes (scripts/pytest_durations.py),
-      # so a run the call's limit cuts keeps them.
+      # Each test's time also goes to durations.txt as it finishes, and each failure's report to
+      # failures.txt (scripts/pytest_durations.py), so a run the call's limit cuts keeps them.
+      # Each worker's torch takes its share of the cores (OMP_NUM_THREADS): left at every core
+      # apiece, workers' CPU work oversubscribes the machine several times over.
       cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=
+      workers=${PYTEST_WORKERS:-4}
+      threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
       # shellcheck disable=SC2086
-      PYTEST_DURATIONS_FILE=$OUT/durations.txt PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v \
-        ${PYTEST_TARGETS:-tests} -p no:cacheprovider -p pytest_resume -p pytest_durations -n "${PYTEST_WORKERS:-4}" \
+      OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} PYTEST_DURATIONS_FILE=$OUT/durations.txt \
+        PYTEST_FAILURES_FILE=$OUT/failures.txt PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v \
+        ${PYTEST_TARGETS:-tests} -p no:cacheprovider -p pytest_resume -p pytest_durations -n "$workers" \
         --durations=30 $cpu_cases ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
       grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -n 40
       tail -n 1 "$OUT/pytest.log" ;;

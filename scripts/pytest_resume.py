@@ -11,8 +11,9 @@ import pathlib
 import re
 
 # A result line of `pytest -v`, with pytest-xdist ("[gw3] [ 12%] PASSED tests/x.py::t") or without
-# ("tests/x.py::t PASSED [ 12%]").
-_DONE = re.compile(r"\b(?:PASSED|SKIPPED|XFAIL|XPASS) (\S+::\S+)|^(\S+::\S+) (?:PASSED|SKIPPED|XFAIL|XPASS)\b")
+# ("tests/x.py::t PASSED [ 12%]"). A parametrized id may hold spaces ("t[a b]"): with xdist the id
+# runs to the line's end; without, up to the last result word.
+_DONE = re.compile(r"\b(?:PASSED|SKIPPED|XFAIL|XPASS) (\S+::.+?)\s*$|^(\S+::.+) (?:PASSED|SKIPPED|XFAIL|XPASS)\b")
 
 
 def finished_tests(folder):

@@ -352,6 +352,7 @@ def _op_grads(src, dst, src_idx, dst_idx, grad_out):
     return (out, *torch.autograd.grad(out, (s, d), grad_out))
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "chunked"])
 @pytest.mark.parametrize("case", ["2d", "heads", "broadcast_1", "broadcast_2d", "no_edges"])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)

@@ -71,6 +71,7 @@ def _run_group(world_size, device):
                 pytest.fail(f"{world_size} processes did not finish within {TIME_LIMIT_S} s (hang?)")
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_edge_dot_gloo(world_size):
     _run_group(world_size, "cpu")
