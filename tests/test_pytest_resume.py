@@ -22,7 +22,7 @@ def test_later_call_runs_what_earlier_logs_do_not_show_finished(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     # An xdist log (cut short), a plain one, and a failure: what finished without failing is left
-    # out, ids with spaces too.
+    # out, ids with spaces too; the failure runs first.
     (logs / "call1.log").write_text("[gw0] [ 20%] PASSED test_some.py::test_n[1] \n"
                                     "[gw1] [ 40%] FAILED test_some.py::test_n[5] \n"
                                     "[gw1] [ 45%] PASSED test_some.py::test_words[a b] \n"
@@ -33,9 +33,10 @@ def test_later_call_runs_what_earlier_logs_do_not_show_finished(tmp_path):
                PYTHONPATH=os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "pytest_resume",
                              "test_some.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    ran = {match.group(1) for match in re.finditer(r"^(test_some\.py::.+?) (?:PASSED|FAILED)", result.stdout, re.M)}
-    assert ran == {"test_some.py::test_n[3]", "test_some.py::test_n[4]", "test_some.py::test_n[5]",
-                   "test_some.py::test_words[e f]"}, result.stdout
+    ran = [match.group(1) for match in re.finditer(r"^(test_some\.py::.+?) (?:PASSED|FAILED)", result.stdout, re.M)]
+    # What failed before runs first, the rest in the suite's order.
+    assert ran == ["test_some.py::test_n[5]", "test_some.py::test_n[3]", "test_some.py::test_n[4]",
+                   "test_some.py::test_words[e f]"], result.stdout
     assert "4 deselected" in result.stdout, result.stdout
 
 
