@@ -130,7 +130,11 @@ print('module', module.__file__, 'NEEDED', sources.elf_needed(module.__file__))"
       # apiece, workers' CPU work oversubscribes the machine several times over.
       cpu_cases=--cuda-cases-only; [ "${PYTEST_CPU_CASES:-0}" = 1 ] && cpu_cases=
       workers=${PYTEST_WORKERS:-4}
-      threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1
+      case $workers in
+        0) threads=$(nproc) ;;  # one process
+        ''|*[!0-9]*) threads=1 ;;  # -n auto: a worker a core
+        *) threads=$(( $(nproc) / workers )); [ "$threads" -ge 1 ] || threads=1 ;;
+      esac
       # shellcheck disable=SC2086
       OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} PYTEST_DURATIONS_FILE=$OUT/durations.txt \
         PYTEST_FAILURES_FILE=$OUT/failures.txt PYTHONPATH=$PYTHONPATH:$PWD/scripts python3 -m pytest -v \
