@@ -48,6 +48,12 @@ def restore_deterministic():
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
+# Device memory a worker's caching allocator may keep between tests: the rest goes back to the
+# driver. Several workers share a GPU, and what each one keeps cached the others cannot have (a
+# run of 12 workers on an 80 GB card failed its memory-heavy tests).
+IDLE_CACHE_BYTES = 2 << 30
+
+
 @pytest.fixture(autouse=True)
 def _cuda_sync_after_test():
     """Surfaces asynchronous CUDA errors in the test that caused them, not in a later one."""
@@ -57,6 +63,8 @@ def _cuda_sync_after_test():
         # A check a test left unread (a bad graph passed on purpose) stays with that test.
         from edgedot.runtime.checks import deferred
         deferred.discard()
+        if torch.cuda.memory_reserved() > IDLE_CACHE_BYTES:
+            torch.cuda.empty_cache()
 
 
 @pytest.fixture(autouse=True)
