@@ -1007,15 +1007,18 @@ def test_cuda_graph_replays_draw_new_masks(kind):
     with torch.cuda.graph(graph):
         static = step()
     outs = []
-    for _ in range(3):
+    for replay in range(3):
         state = next_dropout_state("cuda")
         graph.replay()
         torch.cuda.synchronize()
+        # One draw a replay: the generator moves on by one step (else the masks are not the state's).
+        after = next_dropout_state("cuda")
+        assert after[0] == state[0] and after[1] - state[1] == dropout.OFFSET_STEP, (replay, state, after)
         keep = dropout_keep(state, src.shape[0], 4, p, "cuda")
         out64, grads64 = _dropout_reference(kind, feats, src, dst, keep, p, grad_out)
-        assert rel_error(static[0], out64) <= 1e-5
+        assert rel_error(static[0], out64) <= 1e-5, (replay, state, rel_error(static[0], out64))
         for g, g64 in zip(static[1:], grads64):
-            assert rel_error(g, g64) <= 1e-5
+            assert rel_error(g, g64) <= 1e-5, (replay, state)
         outs.append(static[0].clone())
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
 
