@@ -193,6 +193,12 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
             att = torch.randn(*sides, H, C, device=dev, dtype=att_dt, requires_grad=True)
             logits = edgedot.ops.node_logits.gat_node_logits(x, att)
             logits.backward(torch.randn_like(logits))
+        # Both sides given apart (GATConv's parameters), the gradient of one side, of the other, of both.
+        for att_dt in {dt, torch.float32}:
+            att_src, att_dst = (torch.randn(1, H, C, device=dev, dtype=att_dt, requires_grad=True) for _ in range(2))
+            for used in ((0,), (1,), (0, 1)):
+                sides = edgedot.ops.node_logits.gat_node_logit_sides(x, att_src, att_dst)
+                torch.autograd.backward([sides[k] for k in used], [torch.randn_like(sides[k]) for k in used])
 
 # Column sums (the layers' bias gradients): every dtype, widths below and off a vector, strided and
 # misaligned rows, one row, more rows than one block's slab times the block limit.

@@ -1,10 +1,11 @@
-"""edgedot::gat_node_logits (GAT's per-node logits <x[n, h], att[h]>) on every device against
-PyTorch's (x * att).sum(-1) in float64, with gradients; dtype promotion; bad arguments."""
+"""edgedot::gat_node_logits (GAT's per-node logits <x[n, h], att[h]>) and gat_node_logit_sides (two
+sides given apart, GATConv's) on every device against PyTorch's (x * att).sum(-1) in float64, with
+gradients; dtype promotion; bad arguments."""
 
 import pytest
 import torch
 
-from edgedot.ops.node_logits import gat_node_logits
+from edgedot.ops.node_logits import gat_node_logit_sides, gat_node_logits
 from utils import DEVICES, dtype_id, gen, rand_feat, rel_error, requires_cuda
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -123,3 +124,84 @@ def test_gradcheck(sides):
 def test_bad_arguments(x, att, error, match):
     with pytest.raises(error, match=match):
         gat_node_logits(x, att)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 2, (torch.float64,) * 2, (torch.float16,) * 2,
+                                    (torch.bfloat16,) * 2, (torch.bfloat16, torch.float32),
+                                    (torch.float16, torch.float32), (torch.float32, torch.bfloat16),
+                                    (torch.bfloat16, torch.float64)],
+                         ids=lambda d: "-".join(map(dtype_id, d)))
+@pytest.mark.parametrize("shape", [(1000, 4, 32), (517, 3, 7), (0, 4, 32)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("wanted", ["both", "src", "dst"])
+def test_sides_match_float64_and_the_stacked_op(device, dtypes, shape, wanted):
+    """Each side's logits and every gradient against float64, in PyTorch's promoted dtype; on CUDA
+    bitwise what the [2, H, C] op gives (the same kernel sums). A side whose logits are unused gets
+    no gradient term. The atts are the layer's [1, H, C] parameters."""
+    x_dtype, att_dtype = dtypes
+    n, heads, dim = shape
+    g = gen(7)
+    x = rand_feat(shape, x_dtype, device, g).requires_grad_()
+    att_src, att_dst = (rand_feat((1, heads, dim), att_dtype, device, g).requires_grad_() for _ in range(2))
+    a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)
+    result = torch.promote_types(x_dtype, att_dtype)
+    assert a_src.dtype == a_dst.dtype == result and a_src.shape == a_dst.shape == (n, heads)
+    grads = [rand_feat((n, heads), torch.float64, device, gen(8 + k)).to(result) for k in range(2)]
+    used = {"both": (a_src, a_dst), "src": (a_src,), "dst": (a_dst,)}[wanted]
+    used_grads = {"both": grads, "src": grads[:1], "dst": grads[1:]}[wanted]
+    got = torch.autograd.grad(used, (x, att_src, att_dst), used_grads, allow_unused=True)
+    assert got[0].dtype == x_dtype and got[0].shape == x.shape
+    x64, s64, d64 = (t.detach().double().requires_grad_() for t in (x, att_src, att_dst))
+    ref = ((x64 * s64).sum(-1), (x64 * d64).sum(-1))
+    ref_used = {"both": ref, "src": ref[:1], "dst": ref[1:]}[wanted]
+    want = torch.autograd.grad(ref_used, (x64, s64, d64), [gr.double() for gr in used_grads], allow_unused=True)
+    tol = max(TOL[x_dtype], TOL[att_dtype]) * max(1, dim ** 0.5)
+    for name, side, side_ref in (("a_src", a_src, ref[0]), ("a_dst", a_dst, ref[1])):
+        assert rel_error(side, side_ref) < tol if n else side.numel() == 0, name
+    for name, grad, grad_ref, att in (("dx", got[0], want[0], x), ("datt_src", got[1], want[1], att_src),
+                                      ("datt_dst", got[2], want[2], att_dst)):
+        if grad_ref is None:
+            assert grad is None or not grad.any(), name  # unused: absent, or zeros at most
+            continue
+        assert grad is not None and grad.dtype == att.dtype and grad.shape == att.shape, name
+        if n == 0:
+            assert not grad.any(), name
+        else:
+            assert rel_error(grad, grad_ref) < tol, name
+    if device == "cuda" and wanted == "both":
+        both = torch.cat([att_src, att_dst])
+        stacked = gat_node_logits(x, both)
+        assert torch.equal(stacked[0], a_src) and torch.equal(stacked[1], a_dst)
+        dx, dboth = torch.autograd.grad(stacked, (x, both), torch.stack(grads))
+        assert torch.equal(dx, got[0]) and torch.equal(dboth[0:1], got[1]) and torch.equal(dboth[1:2], got[2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sides_second_derivatives(device):
+    """A backward that records a graph (create_graph) differentiates again, as PyTorch's math does."""
+    g = gen(11)
+    x = rand_feat((30, 2, 5), torch.float64, device, g).requires_grad_()
+    att_src, att_dst = (rand_feat((1, 2, 5), torch.float64, device, g).requires_grad_() for _ in range(2))
+
+    def first_grads(fn):
+        a_src, a_dst = fn(x, att_src, att_dst)
+        loss = (a_src ** 2).sum() + (a_src * a_dst).sum()
+        grads = torch.autograd.grad(loss, (x, att_src, att_dst), create_graph=True)
+        return torch.autograd.grad(sum((gr ** 2).sum() for gr in grads), (x, att_src, att_dst))
+
+    ours = first_grads(gat_node_logit_sides)
+    theirs = first_grads(lambda x, s, d: ((x * s).sum(-1), (x * d).sum(-1)))
+    for got, want in zip(ours, theirs):
+        assert rel_error(got, want) < 1e-10
+
+
+@pytest.mark.parametrize("x, att_src, error, match", [
+    (torch.zeros(4, 8), torch.zeros(1, 8), ValueError, "x must be 3-D"),
+    (torch.zeros(4, 2, 8), torch.zeros(1, 2, 7), ValueError, r"att_src must hold H x C = 2 x 8"),
+    (torch.zeros(4, 2, 8), torch.zeros(2, 8, dtype=torch.int32), TypeError, "att_src must be float32"),
+    (torch.zeros(4, 2, 8), None, TypeError, "att_src must be a tensor"),
+    ("x", torch.zeros(2, 8), TypeError, "x must be a tensor"),
+])
+def test_sides_bad_arguments(x, att_src, error, match):
+    with pytest.raises(error, match=match):
+        gat_node_logit_sides(x, att_src, torch.zeros(2, 8))

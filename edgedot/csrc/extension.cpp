@@ -28,7 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "num_nodes - 1 appended, as the kernels take it: (src, dst) [E + num_nodes] (CUDA)");
   m.def("graph_check_forget", &edgedot::graph_check_forget,
         "forgets the parts of a graph graph_check_launch remembered, for a bad verdict (CUDA)");
-  m.def("column_sum", &edgedot::column_sum,
+  m.def("column_sum", [](const at::Tensor& x) { return edgedot::column_sum(x); },
         "x [rows, width] summed over rows in an order fixed by the shape: [width] in x's dtype (CUDA)");
   m.def("linear_autograd", &edgedot::linear_autograd,
         "F.linear with a C++ autograd node whose bias gradient is column_sum (CUDA)");
@@ -60,6 +60,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "edgedot::gatv2_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
   m.def("node_logits_autograd", &edgedot::node_logits_autograd,
         "edgedot::gat_node_logits with a C++ autograd node (CUDA)");
+  m.def("node_logits_sides_autograd", &edgedot::node_logits_sides_autograd,
+        "GATConv's [a_src, a_dst] logits over one x, att_src and att_dst given apart, with a C++ autograd node "
+        "(CUDA)");
   m.def("node_logits_forward", &edgedot::node_logits_forward,
         "GAT's per-node logits <x[n, h], att[k, h]>: [N, H] or [2, N, H] in the promoted dtype (CUDA)");
   m.def("node_logits_backward", &edgedot::node_logits_backward,

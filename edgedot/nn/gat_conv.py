@@ -14,7 +14,7 @@ from torch.nn import Parameter
 from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
-from ..ops.node_logits import gat_node_logits
+from ..ops.node_logits import gat_node_logit_sides, gat_node_logits
 from ..runtime.build import cuda_module
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
@@ -58,6 +58,20 @@ def _node_logits(x: Tensor, att: Tensor) -> Tensor:
 @torch.jit.unused
 def _eager_node_logits(x: Tensor, att: Tensor) -> Tensor:
     return gat_node_logits(x, att)  # past torch.library's autograd wrapper (runtime/eager.py)
+
+
+def _node_logit_sides(x: Tensor, att_src: Tensor, att_dst: Tensor) -> Tuple[Tensor, Tensor]:
+    """Both sides' logits over one CUDA ``x`` from one read of it; in eager mode each ``att``
+    passed as it is (no concatenation forward, no stacking backward)."""
+    if torch.jit.is_scripting():
+        logits = torch.ops.edgedot.gat_node_logits(x, torch.cat([att_src, att_dst]).view(2, x.shape[1], x.shape[2]))
+        return logits[0], logits[1]
+    return _eager_node_logit_sides(x, att_src, att_dst)
+
+
+@torch.jit.unused
+def _eager_node_logit_sides(x: Tensor, att_src: Tensor, att_dst: Tensor) -> Tuple[Tensor, Tensor]:
+    return gat_node_logit_sides(x, att_src, att_dst)
 
 
 def _promoted_dtype(first: Tensor, others: List[Optional[Tensor]]) -> torch.dtype:
@@ -476,8 +490,7 @@ class GATConv(_GATBase):
         term where ``edge_attr`` is given and the layer has ``edge_dim``."""
         H, C = self.heads, self.out_channels
         if x_dst is not None and x_dst is x_src and x_src.is_cuda:  # both sides from one read of x
-            logits = _node_logits(x_src, torch.cat([self.att_src, self.att_dst]).view(2, H, C))
-            a_src, a_dst = logits.unbind(0)  # one stacking backward, not two zeroed [2, N, H] and an add
+            a_src, a_dst = _node_logit_sides(x_src, self.att_src, self.att_dst)
         else:
             a_src = _node_logits(x_src, self.att_src.view(H, C))
             if x_dst is not None:

@@ -21,7 +21,7 @@ from ..runtime import eager
 from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_feature
 
-__all__ = ["gat_node_logits", "check_node_logits_inputs"]
+__all__ = ["gat_node_logits", "gat_node_logit_sides", "check_node_logits_inputs"]
 
 _lib = torch.library.Library("edgedot", "FRAGMENT")
 _lib.define("gat_node_logits(Tensor x, Tensor att) -> Tensor")
@@ -34,6 +34,32 @@ def gat_node_logits(x, att):
     ``[2, H, C]``, ``a[k, n, h] = <x[n, h], att[k, h]>`` (differentiable in both; see the module)."""
     check_node_logits_inputs(x, att)
     return eager.call(_node_logits_op, _NodeLogitsFunction, x, att)
+
+
+def gat_node_logit_sides(x, att_src, att_dst):
+    """``(a_src, a_dst)``, the logits of two attention vectors over one ``x`` ``[N, H, C]`` (each
+    ``att`` of ``H * C`` elements in any shape, e.g. a layer's ``[1, H, C]`` parameters): what
+    ``gat_node_logits(x, torch.cat([att_src, att_dst]).view(2, H, C)).unbind(0)`` gives, with the same
+    gradients. On CUDA in plain eager mode without that concatenation or the stacking of the two
+    gradients in the backward."""
+    check_feature("x", x)
+    if x.dim() != 3:
+        raise ValueError(f"x must be 3-D [N, H, C], got shape {tuple(x.shape)}")
+    heads, dim = x.shape[1], x.shape[2]
+    for name, att in (("att_src", att_src), ("att_dst", att_dst)):
+        if not isinstance(att, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(att).__name__}")
+        if att.dtype not in FEATURE_DTYPES:
+            raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got {att.dtype}")
+        if att.numel() != heads * dim:
+            raise ValueError(f"{name} must hold H x C = {heads} x {dim} elements, got shape {tuple(att.shape)}")
+        if att.device != x.device:
+            raise ValueError(f"x is on {x.device} but {name} is on {att.device}; they must share a device")
+    if x.is_cuda and eager.plain_eager(x, att_src, att_dst):
+        a_src, a_dst = cuda_module().node_logits_sides_autograd(x, att_src, att_dst)
+        return a_src, a_dst
+    att = torch.cat([att_src.reshape(1, heads, dim), att_dst.reshape(1, heads, dim)])
+    return gat_node_logits(x, att).unbind(0)
 
 
 def check_node_logits_inputs(x, att):

@@ -108,6 +108,15 @@ def take_kept(ctx):
     return kept
 
 
+def plain_eager(*tensors):
+    """Whether a call on ``tensors`` is plain eager: not traced (torch.compile, torch.jit.trace),
+    every one a plain ``torch.Tensor`` (no subclass, no functorch wrapper). Such a call may take an
+    extension's C++ autograd node directly, as :func:`call` does."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return all(type(t) is torch.Tensor and not _is_wrapped(t) for t in tensors)
+
+
 def call(op, function, *args):
     """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``; on CUDA its
     ``cuda_call`` where it has one) when the call is plain eager autograd: gradients on, some input

@@ -154,6 +154,43 @@ struct NodeLogitsFunction : torch::autograd::Function<NodeLogitsFunction> {
   }
 };
 
+// GATConv's logits of its two sides over one x, each side's att given apart (any shape of H x C
+// elements, the layer's [1, H, C] parameters): no [2, H, C] concatenation in the forward nor stacking
+// of the sides' gradients in the backward.
+struct NodeLogitsSidesFunction : torch::autograd::Function<NodeLogitsSidesFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& att_src, const Tensor& att_dst) {
+    ctx->save_for_backward({x, att_src, att_dst});
+    ctx->set_materialize_grads(false);  // a side without a gradient adds nothing
+    return node_logits_sides_forward(x, {att_src, att_dst});
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined() && !grads[1].defined()) return {Tensor(), Tensor(), Tensor()};
+    const variable_list s = ctx->get_saved_variables();
+    const bool x_grad = ctx->needs_input_grad(0), att_grad = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    Tensor dx;
+    std::vector<Tensor> datts(2);
+    if (at::GradMode::is_enabled()) {  // create_graph: the [2, H, C] op, whose backward PyTorch records
+      const int64_t heads = s[0].size(1), dim = s[0].size(2);
+      const Tensor att = at::stack({s[1].reshape({heads, dim}), s[2].reshape({heads, dim})});
+      const Tensor& any = grads[0].defined() ? grads[0] : grads[1];
+      const Tensor grad = at::stack({grads[0].defined() ? grads[0] : at::zeros_like(any),
+                                     grads[1].defined() ? grads[1] : at::zeros_like(any)});
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("edgedot::gat_node_logits_backward", "")
+                                 .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                                                   bool)>();
+      Tensor datt;
+      std::tie(dx, datt) = op.call(grad, s[0], att, x_grad, att_grad);
+      if (att_grad) datts = {datt[0].view(s[1].sizes()), datt[1].view(s[2].sizes())};
+    } else {
+      std::tie(dx, datts) = node_logits_sides_backward({grads[0], grads[1]}, s[0], {s[1], s[2]}, x_grad, att_grad);
+    }
+    return {x_grad ? dx : Tensor(), ctx->needs_input_grad(1) ? datts[0] : Tensor(),
+            ctx->needs_input_grad(2) ? datts[1] : Tensor()};
+  }
+};
+
 // The extension's entry point of each op: its Function applied.
 template <class Function>
 std::vector<Tensor> apply_attention(Tensor a, Tensor b, Tensor c, OptionalTensor edge, Tensor src_idx, Tensor dst_idx,
@@ -172,6 +209,11 @@ AttentionAutograd* const gatv2_attention_autograd = apply_attention<Gatv2Attenti
 
 at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att) {
   return NodeLogitsFunction::apply(x, att);
+}
+
+std::vector<at::Tensor> node_logits_sides_autograd(const at::Tensor& x, const at::Tensor& att_src,
+                                                   const at::Tensor& att_dst) {
+  return NodeLogitsSidesFunction::apply(x, att_src, att_dst);
 }
 
 }  // namespace edgedot

@@ -25,5 +25,8 @@ extern AttentionAutograd* const gatv2_attention_autograd;
 
 // edgedot::gat_node_logits with its gradients.
 at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att);
+// A layer's two sides' logits [a_src, a_dst] over one x, each att given apart, with their gradients.
+std::vector<at::Tensor> node_logits_sides_autograd(const at::Tensor& x, const at::Tensor& att_src,
+                                                   const at::Tensor& att_dst);
 
 }  // namespace edgedot

@@ -217,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   }
   launch_gat_backward_merges(args, scalar, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  at::Tensor datt = in.v2 ? column_sum(datt_teams).view({heads, dim}).to(x.scalar_type()) : none();
+  at::Tensor datt = in.v2 ? column_sum(datt_teams, x.scalar_type()).view({heads, dim}) : none();
   return {dx, da_src, dst_grad, datt, edge_grad};
 }
 
@@ -292,56 +292,128 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gatv2_backward(
 
 namespace {
 
-// x as the kernels read it, in the logits' accumulation type's family: x itself, or x in float64
-// when att makes the result float64 (the kernels accumulate each x type in its own accumulation type).
+// x as the kernels read it: x itself, or x in float64 where the logits are float64 (the kernels
+// accumulate each x type in its own accumulation type).
 at::Tensor logits_x(const at::Tensor& x, at::ScalarType result) {
   return unit_stride_last(result == at::kDouble ? x.to(at::kDouble) : x);
 }
 
-at::ScalarType logits_accum(at::ScalarType result) { return result == at::kDouble ? at::kDouble : at::kFloat; }
+// The logits' type, PyTorch's promotion of x's and every att's (that of (x * att).sum(-1)).
+at::ScalarType logits_type(const at::Tensor& x, const std::vector<at::Tensor>& atts) {
+  at::ScalarType result = x.scalar_type();
+  for (const at::Tensor& att : atts) result = c10::promoteTypes(result, att.scalar_type());
+  return result;
+}
 
-// att as [sides, H, C]: a lone [H, C] is one side.
-at::Tensor logits_att(const at::Tensor& att, at::ScalarType accum) {
-  const at::Tensor sided = att.dim() == 2 ? att.unsqueeze(0) : att;
-  TORCH_CHECK_VALUE(sided.dim() == 3 && (sided.size(0) == 1 || sided.size(0) == 2),
+// A side's att (any shape of heads * dim elements on x's device) as [heads, dim] in the logits' type,
+// contiguous: itself unless another dtype or layout.
+at::Tensor side_att(const at::Tensor& att, const at::Tensor& x, at::ScalarType result) {
+  const int64_t heads = x.size(1), dim = x.size(2);
+  TORCH_CHECK_VALUE(att.numel() == heads * dim && att.device() == x.device(),
+                    message("edgedot: each att must hold heads x dim = ", heads, " x ", dim,
+                            " elements on x's device, got shape ", att.sizes(), " on ", att.device()));
+  return att.to(result).contiguous().view({heads, dim});
+}
+
+std::vector<at::Tensor> sides_of(const at::Tensor& att) {
+  TORCH_CHECK_VALUE(att.dim() == 2 || (att.dim() == 3 && (att.size(0) == 1 || att.size(0) == 2)),
                     message("edgedot: att must be [H, C] or [2, H, C], got ", att.sizes()));
-  return sided.to(accum).contiguous();
+  return att.dim() == 2 ? std::vector<at::Tensor>{att} : att.unbind(0);
+}
+
+// Each side's logits, [sides, N, H] stacked (one tensor) or as `sides` [N, H] tensors.
+std::vector<at::Tensor> logits_of_sides(const at::Tensor& x_in, const std::vector<at::Tensor>& atts, bool stacked) {
+  TORCH_CHECK_VALUE(x_in.is_cuda() && x_in.dim() == 3, "edgedot: x must be a 3-D CUDA tensor [N, H, C]");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::ScalarType result = logits_type(x_in, atts);
+  const at::Tensor x = logits_x(x_in, result);
+  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2), count = static_cast<int64_t>(atts.size());
+  LogitSides sides{count, {nullptr, nullptr}, {nullptr, nullptr}};
+  std::vector<at::Tensor> kept_atts, outs;
+  const at::TensorOptions options = x.options().dtype(result);
+  const at::Tensor buffer = stacked ? at::empty({count, rows, heads}, options) : at::Tensor();
+  for (int64_t k = 0; k < count; ++k) {
+    kept_atts.push_back(side_att(atts[k], x, result));
+    sides.in[k] = kept_atts.back().data_ptr();
+    const at::Tensor out = stacked ? buffer[k] : at::empty({rows, heads}, options);
+    sides.out[k] = out.data_ptr();
+    if (!stacked) outs.push_back(out);
+  }
+  launch_node_logits(rows_of(x), heads, dim, sides, scalar_kind(x.scalar_type()), result != x.scalar_type(),
+                     c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return stacked ? std::vector<at::Tensor>{buffer} : outs;
+}
+
+// (dx in x's dtype or undefined, the sides' att gradients [sides, H, C] in the logits' type or undefined)
+// for grads[k] side k's [N, H] logits' gradient (undefined: zeros).
+std::tuple<at::Tensor, at::Tensor> logits_grads(const std::vector<at::Tensor>& grads,
+                                                             const at::Tensor& x_in,
+                                                             const std::vector<at::Tensor>& atts, bool x_grad,
+                                                             bool att_grad) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::ScalarType result = logits_type(x_in, atts);
+  const at::Tensor x = logits_x(x_in, result);
+  const int64_t rows = x.size(0), heads = x.size(1), dim = x.size(2), count = static_cast<int64_t>(atts.size());
+  LogitSides sides{count, {nullptr, nullptr}, {nullptr, nullptr}};
+  const void* att_data[2] = {nullptr, nullptr};
+  std::vector<at::Tensor> kept;
+  for (int64_t k = 0; k < count; ++k) {
+    kept.push_back(side_att(atts[k], x, result));
+    att_data[k] = kept.back().data_ptr();
+    if (grads[k].defined()) {
+      TORCH_CHECK_VALUE(grads[k].numel() == rows * heads,
+                        message("edgedot: the logits' gradient must be [N, H] = [", rows, ", ", heads, "], got ",
+                                grads[k].sizes()));
+      kept.push_back(grads[k].to(result).contiguous());
+      sides.in[k] = kept.back().data_ptr();
+    }
+  }
+  const at::TensorOptions accum = x.options().dtype(result == at::kDouble ? at::kDouble : at::kFloat);
+  at::Tensor dx = x_grad ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  at::Tensor datt = att_grad ? at::empty({count, heads, dim}, x.options().dtype(result)) : at::Tensor();
+  const at::Tensor partial = att_grad ? at::empty({node_logits_blocks(rows), count, heads, dim}, accum) : at::Tensor();
+  if (att_grad && rows == 0) datt.zero_();
+  launch_node_logits_backward(sides, att_data, rows_of(x), heads, dim, x_grad ? dx.data_ptr() : nullptr,
+                              att_grad ? partial.data_ptr() : nullptr, att_grad ? datt.data_ptr() : nullptr,
+                              scalar_kind(x.scalar_type()), result != x.scalar_type(),
+                              c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {x_grad ? dx.to(x_in.scalar_type()) : dx, datt};
 }
 
 }  // namespace
 
-at::Tensor node_logits_forward(const at::Tensor& x_in, const at::Tensor& att) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::ScalarType result = at::result_type(x_in, att), accum = logits_accum(result);
-  const at::Tensor x = logits_x(x_in, result);
-  const at::Tensor att_acc = logits_att(att, accum);
-  const int64_t sides = att_acc.size(0);
-  at::Tensor out = at::empty({sides, x.size(0), x.size(1)}, x.options().dtype(accum));
-  launch_node_logits(rows_of(x), x.size(1), x.size(2), sides, att_acc.data_ptr(), out.data_ptr(),
-                     scalar_kind(x.scalar_type()), c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return (att.dim() == 2 ? out.squeeze(0) : out).to(result);
+at::Tensor node_logits_forward(const at::Tensor& x, const at::Tensor& att) {
+  const at::Tensor out = logits_of_sides(x, sides_of(att), true)[0];
+  return att.dim() == 2 ? out.squeeze(0) : out;
 }
 
-std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, const at::Tensor& x_in,
+std::vector<at::Tensor> node_logits_sides_forward(const at::Tensor& x, const std::vector<at::Tensor>& atts) {
+  TORCH_CHECK_VALUE(atts.size() == 1 || atts.size() == 2, "edgedot: node logits take one or two sides");
+  return logits_of_sides(x, atts, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, const at::Tensor& x,
                                                         const at::Tensor& att, bool x_grad, bool att_grad) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::ScalarType result = at::result_type(x_in, att), accum = logits_accum(result);
-  const at::Tensor x = logits_x(x_in, result);
-  const at::Tensor att_acc = logits_att(att, accum);
-  const int64_t sides = att_acc.size(0), heads = x.size(1), dim = x.size(2);
-  const at::Tensor grad_acc = grad.to(accum).contiguous();
-  at::Tensor dx = x_grad ? at::empty(x.sizes(), x.options()) : x.new_empty({0});
-  at::Tensor datt = att_grad ? at::empty(att_acc.sizes(), att_acc.options()) : att_acc.new_empty({0});
-  at::Tensor partial = att_grad ? at::empty({node_logits_blocks(x.size(0)), sides, heads, dim}, att_acc.options())
-                                : att_acc.new_empty({0});
-  if (att_grad && x.size(0) == 0) datt.zero_();
-  launch_node_logits_backward(grad_acc.data_ptr(), rows_of(x), heads, dim, sides, att_acc.data_ptr(),
-                              x_grad ? dx.data_ptr() : nullptr, partial.data_ptr(),
-                              att_grad ? datt.data_ptr() : nullptr, scalar_kind(x.scalar_type()),
-                              c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {dx.to(x_in.scalar_type()), (att_grad ? datt.view(att.sizes()) : datt).to(att.scalar_type())};
+  const std::vector<at::Tensor> atts = sides_of(att);
+  const std::vector<at::Tensor> grads = att.dim() == 2 ? std::vector<at::Tensor>{grad} : grad.unbind(0);
+  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad);
+  return {x_grad ? dx : x.new_empty({0}), att_grad ? datt.view(att.sizes()).to(att.scalar_type()) : att.new_empty({0})};
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> node_logits_sides_backward(const std::vector<at::Tensor>& grads,
+                                                                           const at::Tensor& x,
+                                                                           const std::vector<at::Tensor>& atts,
+                                                                           bool x_grad, bool att_grad) {
+  TORCH_CHECK_VALUE(grads.size() == atts.size() && (atts.size() == 1 || atts.size() == 2),
+                    "edgedot: node logits take one or two sides, a gradient each");
+  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad);
+  std::vector<at::Tensor> datts(atts.size());
+  for (size_t k = 0; k < atts.size() && att_grad; ++k) {
+    datts[k] = datt[static_cast<int64_t>(k)].view(atts[k].sizes()).to(atts[k].scalar_type());
+  }
+  return {dx, datts};
 }
 
 }  // namespace edgedot

@@ -56,7 +56,7 @@ int64_t column_sum_blocks(int64_t rows) {
 }
 
 void launch_column_sum(const void* x, int64_t rows, int64_t width, int64_t row_stride, void* partial, void* out,
-                       ScalarKind scalar, cudaStream_t stream) {
+                       ScalarKind scalar, ScalarKind out_scalar, cudaStream_t stream) {
   if (rows == 0 || width == 0) return;
   const int64_t blocks = column_sum_blocks(rows);
   const int64_t rows_per_block = (rows + blocks - 1) / blocks;
@@ -75,7 +75,10 @@ void launch_column_sum(const void* x, int64_t rows, int64_t width, int64_t row_s
     } else {
       launch(column_partials_kernel<T, 1>, 1);
     }
-    launch_sum_partials<A, T>(static_cast<const A*>(partial), static_cast<T*>(out), blocks, width, stream);
+    dispatch_scalar(out_scalar, [&](auto out_zero) {
+      using Out = decltype(out_zero);
+      launch_sum_partials<A, Out>(static_cast<const A*>(partial), static_cast<Out*>(out), blocks, width, stream);
+    });
   });
 }
 

@@ -438,25 +438,34 @@ void launch_gat_backward_merges(const GatBackwardArgs& args, ScalarKind scalar, 
 // Bytes of args.src_state the passes need (0: none), with every other field of args set.
 int64_t gat_src_state_bytes(const GatBackwardArgs& args, ScalarKind scalar);
 
-// Column sums (common/column_sum.cu): out[c] = sum over r < rows of x[r * row_stride + c] for x and
-// out of `scalar`, through partial [column_sum_blocks(rows), width] in its accumulation type; the
-// order of the additions is a function of rows alone.
+// Column sums (common/column_sum.cu): out[c] = sum over r < rows of x[r * row_stride + c] for x of
+// `scalar` and out of `out_scalar`, through partial [column_sum_blocks(rows), width] in x's
+// accumulation type (rounded once to out's type at the end); the order of the additions is a
+// function of rows alone.
 int64_t column_sum_blocks(int64_t rows);
 void launch_column_sum(const void* x, int64_t rows, int64_t width, int64_t row_stride, void* partial, void* out,
-                       ScalarKind scalar, cudaStream_t stream);
+                       ScalarKind scalar, ScalarKind out_scalar, cudaStream_t stream);
 
-// GAT's per-node logits (attention/node_logits.cu): out[k, n, h] = <x[n, h], att[k, h]> for x of
-// `scalar`, att [sides, heads, dim] (sides 1 or 2) and out [sides, num_rows, heads] in its
-// accumulation type.
-void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, int64_t sides, const void* att, void* out,
-                        ScalarKind scalar, cudaStream_t stream);
-// Their gradients for grad [sides, num_rows, heads] (accumulation type): dx [num_rows, heads, dim] =
-// sum over k of grad[k] * att[k] in x's type where dx is not null, and att's gradient [sides, heads,
-// dim] (accumulation type, through partial, [node_logits_blocks(num_rows), sides, heads, dim]) where
-// datt is not null.
+// GAT's per-node logits (attention/node_logits.cu), for `count` sides (1 or 2: a layer's source
+// and destination attention vectors over the same features). Forward: in[k] is side k's att
+// [heads, dim] and out[k] its logits [num_rows, heads], out[k][n, h] = <x[n, h], in[k][h]>. Both
+// contiguous in the logits' type: x's `scalar`, or its accumulation type where accum_result; the
+// sums are in the accumulation type.
+struct LogitSides {
+  int64_t count;
+  const void* in[2];
+  void* out[2];
+};
+void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, const LogitSides& sides, ScalarKind scalar,
+                        bool accum_result, cudaStream_t stream);
+// Their gradients, for grads.in[k] side k's logits' gradient [num_rows, heads] (contiguous, the logits'
+// type; null: zeros) and att[k] its att: dx [num_rows, heads, dim] = sum over k of grad[k] * att[k] in x's
+// type where dx is not null, and att's gradient datt [count, heads, dim] in the logits' type (through
+// partial, [node_logits_blocks(num_rows), count, heads, dim] in the accumulation type) where datt is
+// not null.
 int64_t node_logits_blocks(int64_t num_rows);
-void launch_node_logits_backward(const void* grad, const Rows& x, int64_t heads, int64_t dim, int64_t sides,
-                                 const void* att, void* dx, void* partial, void* datt, ScalarKind scalar,
-                                 cudaStream_t stream);
+void launch_node_logits_backward(const LogitSides& grads, const void* const att[2], const Rows& x, int64_t heads,
+                                 int64_t dim, void* dx, void* partial, void* datt, ScalarKind scalar,
+                                 bool accum_result, cudaStream_t stream);
 
 }  // namespace edgedot

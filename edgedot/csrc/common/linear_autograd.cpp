@@ -25,7 +25,7 @@ Tensor bias_grad(const Tensor& grad, const Tensor& bias) {
         c10::Dispatcher::singleton().findSchemaOrThrow("edgedot::column_sum", "").typed<Tensor(const Tensor&)>();
     return op.call(rows).to(bias.scalar_type());
   }
-  return column_sum(rows).to(bias.scalar_type());
+  return column_sum(rows, bias.scalar_type());  // summed in float32 before any rounding to bias's dtype
 }
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {

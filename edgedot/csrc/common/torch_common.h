@@ -79,8 +79,9 @@ std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tenso
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 
-// x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype.
-at::Tensor column_sum(const at::Tensor& x);
+// x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype, or in
+// out_dtype (rounded once, at the end).
+at::Tensor column_sum(const at::Tensor& x, c10::optional<at::ScalarType> out_dtype = c10::nullopt);
 
 // F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
 // (common/linear_autograd.cpp).
