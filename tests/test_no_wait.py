@@ -195,8 +195,7 @@ def test_self_looped_kernel_matches_tensor_ops(index_dtype, shape, strided):
     """The extension's ``self_looped`` (one kernel) writes what the tensor operations it replaced
     do: the edges in place, a self-loop's destination set to ``dropped``, then the loops of nodes
     ``0 .. num_nodes - 1``; for either index dtype, a ``[2, E]`` index of any strides, no edges
-    or no loops."""
-    from edgedot.runtime.build import cuda_module
+    or no loops; the edges in range pass its range check."""
     num_edges, num_nodes, dropped = shape
     g = gen(9)
     ei = torch.randint(0, max(dropped, 1), (2, num_edges), generator=g)
@@ -204,11 +203,13 @@ def test_self_looped_kernel_matches_tensor_ops(index_dtype, shape, strided):
     ei = ei.to(index_dtype).cuda()
     if strided:
         ei = ei.t().contiguous().t()  # rows of stride 2
-    src, dst = cuda_module().self_looped(ei, num_nodes, dropped)
+    bound = max(dropped, 1)
+    src, dst = checks.self_looped_with_check(ei, num_nodes, dropped, bound, bound, ("row 0", "row 1", "ptr"))
     loop = torch.arange(num_nodes, device="cuda", dtype=index_dtype)
     want_dst = torch.where(ei[0] == ei[1], dropped, ei[1])
     assert src.dtype == dst.dtype == index_dtype and src.is_contiguous() and dst.is_contiguous()
     assert torch.equal(src, torch.cat([ei[0], loop])) and torch.equal(dst, torch.cat([want_dst, loop]))
+    edgedot.wait_for_checks()
 
 
 @requires_cuda
@@ -217,9 +218,41 @@ def test_self_looped_refuses_what_it_cannot_write():
     from edgedot.runtime.build import cuda_module
     ei = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
     three_rows = torch.zeros(3, 4, dtype=torch.int64, device="cuda")
-    for args in ((ei.float(), 3, 3), (three_rows, 3, 3), (ei, -1, 3), (ei, 3, 2**31), (ei.cpu(), 3, 3)):
+    host_flags = torch.zeros(checks.DeferredChecks.NUM_FLAGS, dtype=torch.int32, pin_memory=True)
+    for args in ((ei.float(), 3, 3), (three_rows, 3, 3), (ei, -1, 3), (ei, 3, 2**31), (ei.cpu(), 3, 3),
+                 (ei[0], 3, 3)):
         with pytest.raises(ValueError, match="self_looped"):
-            cuda_module().self_looped(*args)
+            cuda_module().self_looped_checked(*args, 4, 4, host_flags)
+    with pytest.raises(ValueError, match="host_flags"):
+        cuda_module().self_looped_checked(ei, 3, 3, 4, 4, host_flags[:2])
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["GATConv", "GATv2Conv"])
+@pytest.mark.parametrize("row, value", [(0, NUM_NODES), (1, NUM_NODES + 3), (0, -1), (1, -2)])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_gat_layers_check_a_fresh_graph_in_the_self_loop_kernel(kind, row, value, index_dtype, monkeypatch):
+    """A GAT layer's default call on a new graph launches no check kernel of its own: the self-loop
+    kernel range-checks both rows on the way; the same graph again is not checked again; a bad
+    index is reported naming its row, at the latest by wait_for_checks."""
+    g = gen(8)
+    layer = _layers("cuda")[kind]
+    x = rand_feat((NUM_NODES, IN_CHANNELS), torch.float32, "cuda", g)
+    checked = count_graph_checks(monkeypatch)
+    ei = _batch(g, "cuda").to(index_dtype)
+    names = launched_kernels(lambda: layer(x, ei))
+    assert not any("check_graph_kernel" in name for name in names), names
+    assert checked == [(True, True, False)]
+    layer(x, ei)
+    assert len(checked) == 1
+    edgedot.wait_for_checks()
+    bad = _batch(g, "cuda").to(index_dtype)
+    bad[row, 5] = value
+    with raises_checked(IndexError, match=rf"edge_index\[{row}\] holds {value}, outside \[0, {NUM_NODES}\)"):
+        layer(x, bad)
+    assert checked[-1] == (True, True, False)
+    layer(x, bad.clone()[:, :5])  # good graphs go on
+    edgedot.wait_for_checks()
 
 
 @requires_cuda

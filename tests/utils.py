@@ -348,11 +348,13 @@ def count_graph_checks(monkeypatch):
     """A list that gets one ``(check_src, check_dst, check_ptr)`` entry per pass of
     :func:`edgedot.runtime.checks.check_graph` over a graph's tensors: on the CPU every call's
     (both ranges, and the pointer where given); on CUDA each launch of the device's check, its own
-    or run by a grouping kernel (:func:`edgedot.runtime.checks.grouping_with_check`), with the
+    or run by a grouping kernel (:func:`edgedot.runtime.checks.grouping_with_check`) or the GAT
+    layers' self-loop kernel (:func:`edgedot.runtime.checks.self_looped_with_check`), with the
     parts no memo covered (a call whose graph is remembered adds none)."""
     from edgedot.runtime import checks
     calls = []
     cpu_flags, launch, grouping = checks.graph_flags, checks.launch_graph_check, checks.launch_grouping_check
+    self_looped = checks.launch_self_looped_check
 
     def counted_cpu(src_idx, num_src, dst_idx, num_dst, dst_ptr, check_src, check_dst):
         calls.append((check_src, check_dst, dst_ptr is not None))
@@ -373,7 +375,13 @@ def count_graph_checks(monkeypatch):
         count(launched)
         return groups, launched
 
+    def counted_self_looped(*args):
+        src, dst, launched = self_looped(*args)
+        count(launched)
+        return src, dst, launched
+
     monkeypatch.setattr(checks, "graph_flags", counted_cpu)
     monkeypatch.setattr(checks, "launch_graph_check", counted_launch)
     monkeypatch.setattr(checks, "launch_grouping_check", counted_grouping)
+    monkeypatch.setattr(checks, "launch_self_looped_check", counted_self_looped)
     return calls

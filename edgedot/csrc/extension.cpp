@@ -23,9 +23,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("group_edges_checked", &edgedot::group_edges_checked,
         "group_edges(dst_idx, src_idx, ...) (group_edges_both with both) whose kernel also runs graph_check_launch's "
         "range checks into pinned host_flags: (groupings, parts checked as graph_check_launch's bits) (CUDA)");
-  m.def("self_looped", &edgedot::self_looped,
+  m.def("self_looped_checked", &edgedot::self_looped_checked,
         "edge_index [2, E] with each self-loop's destination set to `dropped` and the loops of nodes 0 .. "
-        "num_nodes - 1 appended, as the kernels take it: (src, dst) [E + num_nodes] (CUDA)");
+        "num_nodes - 1 appended, as the kernels take it, its kernel also running graph_check_launch's range checks "
+        "of the two rows into pinned host_flags: (src, dst [E + num_nodes], parts checked) (CUDA)");
   m.def("graph_check_forget", &edgedot::graph_check_forget,
         "forgets the parts of a graph graph_check_launch remembered, for a bad verdict (CUDA)");
   m.def("column_sum", [](const at::Tensor& x) { return edgedot::column_sum(x); },

@@ -151,7 +151,7 @@ except ImportError:  # PyG is optional: the layers then run their fused path onl
 __all__ = ["HAVE_PYG", "MessagePassing", "Linear", "SparseTensor", "Adj", "NoneType", "OptTensor", "PairTensor",
            "OptPairTensor", "Size", "softmax", "torch_sparse", "is_torch_sparse_tensor", "set_sparse_value",
            "remove_self_loops", "add_self_loops", "compute_loop_attr", "loops_of", "self_looped", "loop_attr",
-           "dense_in_range", "Adjacency", "Projections", "plain_linear", "one_gemm_pays", "adjacency",
+           "dense_in_range", "may_check", "Adjacency", "Projections", "plain_linear", "one_gemm_pays", "adjacency",
            "attention_weights", "check_edge_attr", "fused_path"]
 
 # The classes a projection may have for its weights to stand for its call.
@@ -414,7 +414,7 @@ def _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order):
     later call), since the CUDA kernels walk the pointer as given. A false claim raises
     ``ValueError`` naming ``edge_index``; meanwhile the kernels make the destinations concerned NaN."""
     src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
-    if not _may_check(edge_index):
+    if not may_check(edge_index):
         return Adjacency(src, dst, dst_ptr, None, False)  # the kernel checks the pointer itself
     names = _row_names(flow) + (f"edge_index (an EdgeIndex with sort_order={order!r}): its row pointer",)
     check_graph(src, num_src, dst, num_dst, dst_ptr, names)
@@ -431,7 +431,7 @@ def _row_names(flow):
     return ("edge_index[0]", "edge_index[1]") if flow == "source_to_target" else ("edge_index[1]", "edge_index[0]")
 
 
-def _may_check(edge_index):
+def may_check(edge_index):
     """Whether the layer checks the graph itself now: not while tracing or capturing a CUDA graph
     (the kernel then checks its rows itself), nor for a dtype the kernel refuses with its error."""
     if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
@@ -449,7 +449,7 @@ def dense_in_range(edge_index, num_src, num_dst, flow="source_to_target"):
     the device (an error is raised by the first edgedot call after the device ran the check, or by
     :func:`edgedot.wait_for_checks`; the kernels read nothing out of range meanwhile), and a
     tensor found in range is remembered until its version counter moves."""
-    if not _may_check(edge_index):
+    if not may_check(edge_index):
         return False
     if not edge_index.is_cuda and _both_rows_below(edge_index, min(num_src, num_dst)):
         return True

@@ -15,10 +15,10 @@ from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gatv2_attention
 from ..ops.node_logits import gat_node_logit_sides, gat_node_logits
-from ..runtime.build import cuda_module
+from ..runtime.checks import self_looped_with_check
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
-                   dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, remove_self_loops,
+                   dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, may_check, remove_self_loops,
                    set_sparse_value, softmax, torch_sparse)
 
 if typing.TYPE_CHECKING:
@@ -152,15 +152,17 @@ class _GATBase(Projections, MessagePassing):
         return looped, torch.cat([edge_attr, loop_attr], dim=0)
 
     @torch.jit.unused
-    def _loops_in_place(self, edge_index, edge_attr, num_nodes, num_dst):
+    def _loops_in_place(self, edge_index, edge_attr, num_nodes, num_src, num_dst):
         """PyG's self-loop handling of a ``[2, E]`` CUDA tensor (sources in row 0) as the kernels'
         :class:`Adjacency`, without a wait for the device: every edge keeps its place, a self-loop's
         destination becomes ``num_dst`` (a row the kernels drop: an out-of-range destination adds
         nothing to any output or gradient), and the loops of nodes ``0 .. num_nodes - 1`` follow,
         ``edge_attr`` filled as :meth:`_self_looped` fills it. Removing the loops instead would need
-        their count on the host. One kernel of the extension (``self_looped``) writes both index
-        tensors. Returns ``(edge_attr, adjacency)``."""
-        src, dst = cuda_module().self_looped(edge_index, num_nodes, num_dst)
+        their count on the host. One kernel of the extension writes both index tensors and range-checks
+        ``edge_index`` on the way (:func:`edgedot.runtime.checks.self_looped_with_check`, the check
+        :func:`dense_in_range` makes). Returns ``(edge_attr, adjacency)``."""
+        src, dst = self_looped_with_check(edge_index, num_nodes, num_dst, num_src, num_dst,
+                                          ("edge_index[0]", "edge_index[1]", "dst_ptr"))
         if edge_attr is not None:
             kept = torch.stack([src[:edge_index.shape[1]], dst[:edge_index.shape[1]]])
             edge_attr = torch.cat([edge_attr, self._loop_attr(kept, edge_attr, num_nodes)])
@@ -200,10 +202,11 @@ class _GATBase(Projections, MessagePassing):
             if self.add_self_loops:
                 # The input range-checked; the looped graph then is in range by construction (its
                 # loops are of nodes below min(num_src, num_dst)).
-                checked = dense_in_range(edge_index, num_src, num_dst, self.flow)
-                if checked and edge_index.is_cuda and self.flow == "source_to_target" and not want_graph:
-                    edge_attr, adj = self._loops_in_place(edge_index, edge_attr, num_nodes, num_dst)
+                if edge_index.is_cuda and self.flow == "source_to_target" and not want_graph and \
+                        may_check(edge_index):
+                    edge_attr, adj = self._loops_in_place(edge_index, edge_attr, num_nodes, num_src, num_dst)
                     return edge_index, edge_attr, adj
+                checked = dense_in_range(edge_index, num_src, num_dst, self.flow)
                 edge_index, edge_attr = self._self_looped(edge_index, edge_attr, num_nodes)
                 src, dst = (edge_index[0], edge_index[1]) if self.flow == "source_to_target" else \
                     (edge_index[1], edge_index[0])

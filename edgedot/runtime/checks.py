@@ -243,6 +243,35 @@ def grouping_with_check(dst_idx, src_idx, num_dst, num_src, both):
     return tuple(groups)
 
 
+def self_looped_with_check(edge_index, num_nodes, dropped, num_src, num_dst, names):
+    """The extension's self-loop handling of a CUDA ``[2, E]`` ``edge_index`` (sources in row 0; the
+    GAT layers'): ``(src, dst)`` of ``E + num_nodes`` entries, each self-loop's destination
+    ``dropped``, the loops of nodes ``0 .. num_nodes - 1`` appended; with :func:`check_graph`'s
+    range check of the two rows (against ``num_src`` and ``num_dst``) run by the same kernel, which
+    reads every index anyway: a new graph's check then costs no launch of its own. Its verdict is
+    deferred, remembered and reported as :func:`check_graph`'s, under ``names`` (the source row's,
+    the destination row's, a pointer's). Not while a CUDA graph is captured."""
+    from .build import cuda_module
+    deferred.raise_found()
+    device = edge_index.device
+    read_back = deferred.buffer(device)
+    src, dst, launched = launch_self_looped_check(edge_index, num_nodes, dropped, num_src, num_dst, read_back[0])
+    if launched:
+        deferred.submit(read_back, device, launched, (edge_index[0], num_src, edge_index[1], num_dst, None, names))
+    else:
+        deferred.give_back(read_back, device)
+    return src, dst
+
+
+def launch_self_looped_check(edge_index, num_nodes, dropped, num_src, num_dst, host_flags):
+    """The extension's ``self_looped_checked`` (``csrc/common/graph_checks.cpp``): ``(src, dst,
+    parts)``, the parts of the graph (``edge_index[0]``'s range, ``edge_index[1]``'s) whose check
+    the self-loop kernel ran into ``host_flags`` (the bits of :func:`launch_graph_check`,
+    remembered at once as that function's are)."""
+    from .build import cuda_module
+    return cuda_module().self_looped_checked(edge_index, num_nodes, dropped, num_src, num_dst, host_flags)
+
+
 def launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, host_flags):
     """The extension's ``group_edges_checked`` (``csrc/common/graph_checks.cpp``): the groupings,
     and the parts of the graph whose range check the grouping kernel ran into ``host_flags`` (the

@@ -202,6 +202,10 @@ struct SelfLoopArgs {
   int64_t num_edges, num_nodes, dropped;
   void* out_src;
   void* out_dst;
+  // The input's range check, folded in: other_out set when a source lies outside [0, num_src), row_out
+  // when a destination lies outside [0, num_dst) (each null: not checked).
+  RangeFlags range_flags;
+  int64_t num_src, num_dst;
 };
 
 void launch_self_looped(const SelfLoopArgs& args, IndexKind index, cudaStream_t stream);

@@ -169,6 +169,29 @@ std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tenso
   return {std::move(groups), parts};
 }
 
+// self_looped(edge_index, num_nodes, dropped) (sources in row 0) with graph_check_launch's deferred
+// check of the rows' ranges (edge_index[0] against num_src, edge_index[1] against num_dst) folded
+// into its kernel, which reads every index anyway. Returns (src, dst, the parts checked), the parts
+// remembered as graph_check_launch's of the two rows.
+std::tuple<at::Tensor, at::Tensor, int64_t> self_looped_checked(const at::Tensor& edge_index, int64_t num_nodes,
+                                                                int64_t dropped, int64_t num_src, int64_t num_dst,
+                                                                const at::Tensor& host_flags) {
+  TORCH_CHECK_VALUE(edge_index.dim() == 2 && edge_index.size(0) == 2,
+                    "edgedot: self_looped_checked needs edge_index a [2, E] tensor");
+  TORCH_CHECK_VALUE(num_src >= 0 && num_dst >= 0, "edgedot: self_looped_checked needs non-negative node counts");
+  const at::Tensor rows_src = edge_index.select(0, 0), rows_dst = edge_index.select(0, 1);
+  const int64_t parts = unchecked_parts(rows_src, num_src, rows_dst, num_dst, c10::nullopt);
+  RangeFlags range_flags;
+  if (parts != 0) {
+    int* flags = zeroed_device_flags(host_flags, "self_looped_checked");
+    if (parts & kGraphCheckSrc) range_flags.other_out = flags + kSrcOutOfRange;
+    if (parts & kGraphCheckDst) range_flags.row_out = flags + kDstOutOfRange;
+  }
+  auto [src, dst] = self_looped(edge_index, num_nodes, dropped, range_flags, num_src, num_dst);
+  remember_parts(rows_src, num_src, rows_dst, num_dst, c10::nullopt, parts);
+  return {src, dst, parts};
+}
+
 // Forgets what graph_check_launch remembered for the parts `launched` of a graph found bad.
 void graph_check_forget(const at::Tensor& src_idx, const at::Tensor& dst_idx, const c10::optional<at::Tensor>& dst_ptr,
                         int64_t launched) {

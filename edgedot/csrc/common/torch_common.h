@@ -76,6 +76,9 @@ void graph_check_forget(const at::Tensor& src_idx, const at::Tensor& dst_idx, co
 std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tensor& dst_idx, const at::Tensor& src_idx,
                                                                  int64_t num_dst, int64_t num_src, bool both,
                                                                  const at::Tensor& host_flags);
+std::tuple<at::Tensor, at::Tensor, int64_t> self_looped_checked(const at::Tensor& edge_index, int64_t num_nodes,
+                                                                int64_t dropped, int64_t num_src, int64_t num_dst,
+                                                                const at::Tensor& host_flags);
 
 // ---- Column sums (common/column_sum_ops.cpp) ----
 
@@ -116,7 +119,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> group_edges_both(at::
 
 // ---- The layers' self-loops (common/self_loops_ops.cpp) ----
 
-// (src, dst) of edge_index [2, E] with self-loops replaced and loops appended (launch_self_looped).
-std::tuple<at::Tensor, at::Tensor> self_looped(const at::Tensor& edge_index, int64_t num_nodes, int64_t dropped);
+// (src, dst) of edge_index [2, E] with self-loops replaced and loops appended, edge_index's range
+// checked into range_flags (launch_self_looped).
+std::tuple<at::Tensor, at::Tensor> self_looped(const at::Tensor& edge_index, int64_t num_nodes, int64_t dropped,
+                                               RangeFlags range_flags, int64_t num_src, int64_t num_dst);
 
 }  // namespace edgedot
