@@ -116,6 +116,19 @@ int* zeroed_device_flags(const at::Tensor& host_flags, const char* caller) {
   return static_cast<int*>(device_view);
 }
 
+// Where a kernel that reads both ends of a graph writes its range check of the `parts` no earlier check
+// covers (kGraphCheck* bits): host_flags' device view, zeroed (nothing when parts is 0). row_out is the
+// destinations' flag, other_out the sources'.
+RangeFlags range_flags_of(int64_t parts, const at::Tensor& host_flags, const char* caller) {
+  RangeFlags range_flags;
+  if (parts != 0) {
+    int* flags = zeroed_device_flags(host_flags, caller);
+    if (parts & kGraphCheckDst) range_flags.row_out = flags + kDstOutOfRange;
+    if (parts & kGraphCheckSrc) range_flags.other_out = flags + kSrcOutOfRange;
+  }
+  return range_flags;
+}
+
 // Remembers the parts of a graph just launched, as if found right (see graph_check_launch).
 void remember_parts(const at::Tensor& src_idx, int64_t num_src, const at::Tensor& dst_idx, int64_t num_dst,
                     const c10::optional<at::Tensor>& dst_ptr, int64_t parts) {
@@ -158,12 +171,7 @@ std::tuple<std::vector<at::Tensor>, int64_t> group_edges_checked(const at::Tenso
                                                                  int64_t num_dst, int64_t num_src, bool both,
                                                                  const at::Tensor& host_flags) {
   const int64_t parts = unchecked_parts(src_idx, num_src, dst_idx, num_dst, c10::nullopt);
-  RangeFlags range_flags;
-  if (parts != 0) {
-    int* flags = zeroed_device_flags(host_flags, "group_edges_checked");
-    if (parts & kGraphCheckDst) range_flags.row_out = flags + kDstOutOfRange;
-    if (parts & kGraphCheckSrc) range_flags.other_out = flags + kSrcOutOfRange;
-  }
+  const RangeFlags range_flags = range_flags_of(parts, host_flags, "group_edges_checked");
   std::vector<at::Tensor> groups = group_sides(dst_idx, src_idx, num_dst, num_src, both, range_flags);
   remember_parts(src_idx, num_src, dst_idx, num_dst, c10::nullopt, parts);
   return {std::move(groups), parts};
@@ -181,12 +189,7 @@ std::tuple<at::Tensor, at::Tensor, int64_t> self_looped_checked(const at::Tensor
   TORCH_CHECK_VALUE(num_src >= 0 && num_dst >= 0, "edgedot: self_looped_checked needs non-negative node counts");
   const at::Tensor rows_src = edge_index.select(0, 0), rows_dst = edge_index.select(0, 1);
   const int64_t parts = unchecked_parts(rows_src, num_src, rows_dst, num_dst, c10::nullopt);
-  RangeFlags range_flags;
-  if (parts != 0) {
-    int* flags = zeroed_device_flags(host_flags, "self_looped_checked");
-    if (parts & kGraphCheckSrc) range_flags.other_out = flags + kSrcOutOfRange;
-    if (parts & kGraphCheckDst) range_flags.row_out = flags + kDstOutOfRange;
-  }
+  const RangeFlags range_flags = range_flags_of(parts, host_flags, "self_looped_checked");
   auto [src, dst] = self_looped(edge_index, num_nodes, dropped, range_flags, num_src, num_dst);
   remember_parts(rows_src, num_src, rows_dst, num_dst, c10::nullopt, parts);
   return {src, dst, parts};
