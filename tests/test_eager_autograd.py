@@ -262,3 +262,36 @@ def test_cuda_calls_registered_and_cpu_calls_never_take_them(monkeypatch):
         assert "AttentionFunction" in grad_fn
     x, att = (rand_feat(s, torch.float32, "cpu", gen(4)).requires_grad_() for s in ((30, 2, 8), (2, 8)))
     assert "NodeLogitsFunction" in node_logits_ops.gat_node_logits(x, att).grad_fn.name()
+
+
+def test_plain_eager_takes_tensors_and_parameters_only():
+    """A Parameter (the layers' attention vectors) is as plain as a tensor; another subclass, or a
+    traced call, is not: those go through the dispatcher."""
+    class Marked(torch.Tensor):
+        pass
+
+    t, p = torch.zeros(2), torch.nn.Parameter(torch.zeros(2))
+    assert eager.plain_eager(t, p)
+    assert not eager.plain_eager(t, torch.zeros(2).as_subclass(Marked))
+    traced = torch.jit.trace(lambda a: a + float(eager.plain_eager(a)), torch.ones(2))
+    assert torch.equal(traced(torch.ones(2)), torch.ones(2))  # traced: 0.0 added
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_cuda_gat_layer_takes_the_sides_node(dtype):
+    """GATConv's CUDA step computes both logits through the sides node (its Parameters passed as
+    they are: no concatenation, no stacking), with gradients bitwise those of the [2, H, C] op."""
+    layer = edgedot.nn.GATConv(16, 8, heads=2).to("cuda", dtype)
+    x = rand_feat((50, 16), dtype, "cuda", gen(6))
+    x_proj = layer.lin(x).view(-1, 2, 8).detach().requires_grad_()
+    a_src, a_dst = layer._attention_inputs(x_proj, x_proj, None, 50)[1:3]
+    assert "NodeLogitsSidesFunction" in a_src.grad_fn.name()
+    grads = [rand_feat((50, 2), dtype, "cuda", gen(7 + k)) for k in range(2)]
+    got = torch.autograd.grad((a_src, a_dst), (x_proj, layer.att_src, layer.att_dst), grads)
+    both = torch.cat([layer.att_src, layer.att_dst])
+    from edgedot.ops.node_logits import gat_node_logits
+    stacked = gat_node_logits(x_proj, both.view(2, 2, 8))
+    assert torch.equal(stacked[0], a_src) and torch.equal(stacked[1], a_dst)
+    dx, dboth = torch.autograd.grad(stacked, (x_proj, both), torch.stack(grads))
+    assert torch.equal(dx, got[0]) and torch.equal(dboth[:1], got[1]) and torch.equal(dboth[1:], got[2])

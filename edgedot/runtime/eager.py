@@ -108,13 +108,16 @@ def take_kept(ctx):
     return kept
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # a Parameter overrides no torch function
+
+
 def plain_eager(*tensors):
     """Whether a call on ``tensors`` is plain eager: not traced (torch.compile, torch.jit.trace),
-    every one a plain ``torch.Tensor`` (no subclass, no functorch wrapper). Such a call may take an
-    extension's C++ autograd node directly, as :func:`call` does."""
+    every one a plain ``torch.Tensor`` or ``Parameter`` (no other subclass, no functorch wrapper).
+    Such a call may take an extension's C++ autograd node directly, as :func:`call` does."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    return all(type(t) is torch.Tensor and not _is_wrapped(t) for t in tensors)
+    return all(type(t) in _PLAIN_TYPES and not _is_wrapped(t) for t in tensors)
 
 
 def call(op, function, *args):
