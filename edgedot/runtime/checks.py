@@ -251,7 +251,6 @@ def self_looped_with_check(edge_index, num_nodes, dropped, num_src, num_dst, nam
     reads every index anyway: a new graph's check then costs no launch of its own. Its verdict is
     deferred, remembered and reported as :func:`check_graph`'s, under ``names`` (the source row's,
     the destination row's, a pointer's). Not while a CUDA graph is captured."""
-    from .build import cuda_module
     deferred.raise_found()
     device = edge_index.device
     read_back = deferred.buffer(device)
