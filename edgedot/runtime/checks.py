@@ -204,13 +204,25 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
         return
     if torch.cuda.is_current_stream_capturing():
         return
+    _deferred_check(src_idx.device,
+                    lambda flags: (None, launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, flags)),
+                    lambda: (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+
+
+def _deferred_check(device, launch, graph):
+    """Runs ``launch(host_flags)``, which launches a kernel on ``device`` that writes a graph's
+    check into ``host_flags`` (a read-back buffer of :data:`deferred`) and returns ``(result,
+    parts)``; queues the verdict of the parts checked (``graph()``: the graph as
+    :meth:`DeferredChecks.submit` takes it) and returns ``result``. First raises what earlier
+    checks found."""
     deferred.raise_found()
-    read_back = deferred.buffer(src_idx.device)
-    launched = launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, read_back[0])
+    read_back = deferred.buffer(device)
+    result, launched = launch(read_back[0])
     if launched:
-        deferred.submit(read_back, src_idx.device, launched, (src_idx, num_src, dst_idx, num_dst, dst_ptr, names))
+        deferred.submit(read_back, device, launched, graph())
     else:
-        deferred.give_back(read_back, src_idx.device)
+        deferred.give_back(read_back, device)
+    return result
 
 
 def launch_graph_check(src_idx, num_src, dst_idx, num_dst, dst_ptr, host_flags):
@@ -232,14 +244,9 @@ def grouping_with_check(dst_idx, src_idx, num_dst, num_src, both):
     new graph's check then costs no launch of its own. Its verdict is deferred, remembered and
     reported as :func:`check_graph`'s, under the op's argument names. Not while a CUDA graph is
     captured (the caller groups without it, as :func:`check_graph` checks nothing then)."""
-    deferred.raise_found()
-    device = dst_idx.device
-    read_back = deferred.buffer(device)
-    groups, launched = launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, read_back[0])
-    if launched:
-        deferred.submit(read_back, device, launched, (src_idx, num_src, dst_idx, num_dst, None, OP_NAMES))
-    else:
-        deferred.give_back(read_back, device)
+    groups = _deferred_check(dst_idx.device,
+                             lambda flags: launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, flags),
+                             lambda: (src_idx, num_src, dst_idx, num_dst, None, OP_NAMES))
     return tuple(groups)
 
 
@@ -251,15 +258,11 @@ def self_looped_with_check(edge_index, num_nodes, dropped, num_src, num_dst, nam
     reads every index anyway: a new graph's check then costs no launch of its own. Its verdict is
     deferred, remembered and reported as :func:`check_graph`'s, under ``names`` (the source row's,
     the destination row's, a pointer's). Not while a CUDA graph is captured."""
-    deferred.raise_found()
-    device = edge_index.device
-    read_back = deferred.buffer(device)
-    src, dst, launched = launch_self_looped_check(edge_index, num_nodes, dropped, num_src, num_dst, read_back[0])
-    if launched:
-        deferred.submit(read_back, device, launched, (edge_index[0], num_src, edge_index[1], num_dst, None, names))
-    else:
-        deferred.give_back(read_back, device)
-    return src, dst
+    def launch(flags):
+        src, dst, launched = launch_self_looped_check(edge_index, num_nodes, dropped, num_src, num_dst, flags)
+        return (src, dst), launched
+    return _deferred_check(edge_index.device, launch,
+                           lambda: (edge_index[0], num_src, edge_index[1], num_dst, None, names))
 
 
 def launch_self_looped_check(edge_index, num_nodes, dropped, num_src, num_dst, host_flags):
