@@ -211,5 +211,6 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha):
         (None,) * (_NUM_INPUTS - 3)
 
 
+eager.first_order_only(agnn_attention_backward_op, "agnn_attention")
 _AgnnAttentionFunction = eager.register_autograd(agnn_attention_op, "AgnnAttentionFunction", _backward,
                                                  _setup_context)

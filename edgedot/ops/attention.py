@@ -529,10 +529,10 @@ def _backward(ctx, grad_out, grad_lse, grad_alpha, grad_rng_state):
     needs = ctx.needs_input_grad
     edge_feat_grad, kv_grad = bool(needs[_EDGE_FEAT]), bool(needs[_K] or needs[_V])
     kept = eager.take_kept(ctx)
-    if kept is not None:
-        dq, dk, dv, d_edge_feat = eager.without_grad(_backward_on_cpu, grad_out, q, k, v, edge_feat, out, lse,
-                                                     src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state,
-                                                     edge_feat_grad, kv_grad, kept=kept)
+    if kept is not None and not torch.is_grad_enabled():  # (create_graph: the op, whose autograd raises)
+        dq, dk, dv, d_edge_feat = _backward_on_cpu(grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx,
+                                                   ctx.score_arg, ctx.dropout_p, rng_state, edge_feat_grad, kv_grad,
+                                                   kept=kept)
     else:
         dq, dk, dv, d_edge_feat = graph_attention_backward_op(
             grad_out, q, k, v, edge_feat, out, lse, src_idx, dst_idx, dst_group, dst_offsets, src_group,
@@ -553,6 +553,7 @@ def cuda_autograd(name, check_graph):
     return call
 
 
+eager.first_order_only(graph_attention_backward_op, "graph_attention")
 _GraphAttentionFunction = eager.register_autograd(graph_attention_op, "GraphAttentionFunction", _backward,
                                                   setup_context, _forward_on_cpu, _check_call_graph,
                                                   cuda_autograd("graph_attention_autograd", _check_call_graph))

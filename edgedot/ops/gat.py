@@ -484,10 +484,9 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
         needs = ctx.needs_input_grad
         edge_grad, src_grad = bool(needs[3]), any(needs[i] for i in source_inputs)
         kept = eager.take_kept(ctx)
-        if kept is not None:
-            grads = eager.without_grad(_backward_on_cpu, getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge,
-                                       out, lse, src_idx, dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad,
-                                       src_grad, kept)
+        if kept is not None and not torch.is_grad_enabled():  # (create_graph: the op, whose autograd raises)
+            grads = _backward_on_cpu(getattr(cpu_gat, cpu_backward), grad_out, feat, a, b, edge, out, lse, src_idx,
+                                     dst_idx, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad, kept)
         else:
             grads = backward_op(grad_out, feat, a, b, edge, out, lse, src_idx, dst_idx, dst_group, dst_offsets,
                                 src_group, src_offsets, ctx.score_arg, ctx.dropout_p, rng_state, edge_grad, src_grad)
@@ -499,6 +498,9 @@ def _make_backward(backward_op, cpu_backward, source_inputs):
 
 # The forward ops' source-side inputs (positions): their gradients walk the edges by source.
 _SOURCE_INPUTS = {gat_attention_op: (0, 1), gatv2_attention_op: (0,)}
+
+eager.first_order_only(gat_attention_backward_op, "gat_attention")
+eager.first_order_only(gatv2_attention_backward_op, "gatv2_attention")
 
 # The forward ops' autograd, and the autograd.Function each takes in eager calls.
 _EAGER_FUNCTIONS = {

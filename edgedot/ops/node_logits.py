@@ -143,6 +143,36 @@ def _backward(ctx, grad):
     return (dx if x_grad else None), (datt if att_grad else None)
 
 
+def _backward_setup_context(ctx, inputs, output):
+    grad, x, att, x_grad, att_grad = inputs
+    ctx.save_for_backward(grad, x, att)
+    ctx.wanted = (x_grad, att_grad)
+
+
+def _backward_backward(ctx, ddx, ddatt):
+    """The backward is linear in each of ``grad``, ``x`` and ``att``: its derivatives are the two
+    ops again (``dx = sum_k grad[k] att[k]``, ``datt[k] = sum_n grad[k, n] x[n]``)."""
+    grad, x, att = ctx.saved_tensors
+    x_grad, att_grad = ctx.wanted
+    ddx = ddx if x_grad else None  # an unwanted output is an empty placeholder
+    ddatt = ddatt if att_grad else None
+    needs = ctx.needs_input_grad
+    dgrad = dx = datt = None
+    if needs[0]:
+        terms = [gat_node_logits(ddx, att)] if ddx is not None else []
+        if ddatt is not None:
+            terms.append(gat_node_logits(x, ddatt))
+        dgrad = sum(terms[1:], terms[0]).to(grad.dtype) if terms else None
+    if needs[1] and ddatt is not None:
+        dx = torch.ops.edgedot.gat_node_logits_backward(grad, x, ddatt, True, False)[0]
+    if needs[2] and ddx is not None:
+        datt = torch.ops.edgedot.gat_node_logits_backward(grad, ddx, att, False, True)[1]
+    return dgrad, dx, datt, None, None
+
+
+torch.library.register_autograd("edgedot::gat_node_logits_backward", _backward_backward,
+                                setup_context=_backward_setup_context)
+
 _node_logits_op = torch.ops.edgedot.gat_node_logits.default
 _NodeLogitsFunction = eager.register_autograd(_node_logits_op, "NodeLogitsFunction", _backward, _setup_context,
                                               cuda_call=lambda x, att: cuda_module().node_logits_autograd(x, att))

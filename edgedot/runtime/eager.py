@@ -89,6 +89,21 @@ def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_c
     return eager_function
 
 
+def first_order_only(backward_op, forward_name):
+    """Registers the autograd of ``backward_op``, the backward of the op ``forward_name``, which has
+    no derivative of its own: a backward through its outputs (gradients taken with
+    ``create_graph=True``, differentiated again) raises ``RuntimeError`` naming the op. Without
+    it PyTorch's fallback would warn and pass no gradient on, which a sum of terms hides."""
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, *grads):
+        raise RuntimeError(f"edgedot: {forward_name} has no second derivative: its gradients, taken with "
+                           f"create_graph=True, cannot be differentiated again")
+
+    torch.library.register_autograd(backward_op, backward, setup_context=setup_context)
+
+
 def without_grad(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` under ``torch.no_grad()``: as an op, it records no graph (a backward
     with ``create_graph``). Gradients are already off in any other backward, where the context
