@@ -7,16 +7,32 @@ import torch
 
 import edgedot
 import edgedot.nn
+from edgedot.ops.edge_dot import edge_dot_op
 from edgedot.ops.node_logits import gat_node_logit_sides, gat_node_logits
+from edgedot.runtime.plan import EdgePlan
 from utils import DEVICES, gen, rand_feat, rand_index
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_edge_dot_gradgradcheck(device):
+@pytest.mark.parametrize("shapes", [((9, 3), (7, 3)), ((9, 2, 3), (7, 1, 3)), ((9, 3), (7, 2, 3))],
+                         ids=["2d", "heads_broadcast_dst", "heads_broadcast_src"])
+@pytest.mark.parametrize("route", ["default", "plan", "deterministic", "op"])
+def test_edge_dot_gradgradcheck(device, shapes, route):
+    """Every path (the eager CPU and CUDA Functions, a plan, the registered op) differentiates its
+    gradient again: the gradient op's own autograd."""
     g = gen(1)
-    src, dst = (rand_feat((9, 2, 3), torch.float64, device, g).requires_grad_() for _ in range(2))
-    src_idx, dst_idx = rand_index(9, 30, device=device, g=g), rand_index(9, 30, device=device, g=g)
-    assert torch.autograd.gradgradcheck(lambda a, b: edgedot.edge_dot(a, b, src_idx, dst_idx), (src, dst))
+    src, dst = (rand_feat(shape, torch.float64, device, g).requires_grad_() for shape in shapes)
+    src_idx, dst_idx = rand_index(9, 30, device=device, g=g), rand_index(7, 30, device=device, g=g)
+    if route == "op":
+        def call(a, b):
+            return edge_dot_op(a, b, src_idx, dst_idx, None, None, False, True)
+    else:
+        kwargs = {"plan": EdgePlan(src_idx, dst_idx, 9, 7)} if route == "plan" else \
+            {"deterministic": route == "deterministic"}
+
+        def call(a, b):
+            return edgedot.edge_dot(a, b, src_idx, dst_idx, **kwargs)
+    assert torch.autograd.gradgradcheck(call, (src, dst))
 
 
 @pytest.mark.parametrize("device", DEVICES)

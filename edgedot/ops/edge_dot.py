@@ -16,7 +16,6 @@ import torch
 from ..cpu import edge_dot as cpu_edge_dot
 from ..runtime.build import cuda_module
 from ..runtime.checks import check_graph, check_inputs, check_tensors, output_shape
-from ..runtime.eager import without_grad
 from ..runtime.plan import EdgePlan, check_plan_layout
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -223,6 +222,29 @@ def _edge_dot_grad_fake(grad_out, row_feat, other_feat, row_idx, other_idx, plan
     return row_feat.new_empty(row_feat.shape)
 
 
+def _grad_setup_context(ctx, inputs, output):
+    grad_out, row_feat, other_feat, row_idx, other_idx, plan, reduction = inputs
+    ctx.save_for_backward(grad_out, other_feat, row_idx, other_idx)
+    ctx.deterministic = plan is not None or reduction != "atomic"
+
+
+def _grad_backward(ctx, upstream):
+    """edge_dot_grad is linear in ``grad_out`` and in ``other_feat`` (``row_feat`` gives only the
+    shape): its derivatives are edge_dot and edge_dot_grad with the sides' roles swapped."""
+    grad_out, other_feat, row_idx, other_idx = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    d_grad = d_other = None
+    if upstream is not None and needs[0]:
+        d_grad = edge_dot(upstream, other_feat, row_idx, other_idx, check_indices=False)
+    if upstream is not None and needs[2]:
+        d_other = edge_dot_grad_op(grad_out, other_feat, upstream, other_idx, row_idx, None,
+                                   "sort" if ctx.deterministic else "atomic")
+    return d_grad, None, d_other, None, None, None, None
+
+
+torch.library.register_autograd("edgedot::edge_dot_grad", _grad_backward, setup_context=_grad_setup_context)
+
+
 def _setup_context(ctx, inputs, output):
     src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan, deterministic, _ = inputs
     ctx.save_for_backward(src_feat, dst_feat, src_idx, dst_idx, src_plan, dst_plan)
@@ -319,7 +341,8 @@ class EagerCUDAEdgeDot(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _backward_with(grad_cuda, ctx, grad_out)
+        # create_graph: the op, whose autograd differentiates the gradient again
+        return _backward_with(edge_dot_grad_op if torch.is_grad_enabled() else grad_cuda, ctx, grad_out)
 
 
 class EagerCPUEdgeDot(torch.autograd.Function):
@@ -339,4 +362,5 @@ class EagerCPUEdgeDot(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        return *without_grad(_backward_with, grad_cpu, ctx, grad_out), None
+        # create_graph: the op, whose autograd differentiates the gradient again
+        return *_backward_with(edge_dot_grad_op if torch.is_grad_enabled() else grad_cpu, ctx, grad_out), None

@@ -104,16 +104,6 @@ def first_order_only(backward_op, forward_name):
     torch.library.register_autograd(backward_op, backward, setup_context=setup_context)
 
 
-def without_grad(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` under ``torch.no_grad()``: as an op, it records no graph (a backward
-    with ``create_graph``). Gradients are already off in any other backward, where the context
-    manager's Python frames are left out."""
-    if not torch.is_grad_enabled():
-        return fn(*args, **kwargs)
-    with torch.no_grad():
-        return fn(*args, **kwargs)
-
-
 def take_kept(ctx):
     """What the forward of :func:`register_autograd`'s Function kept for this backward, or None
     (none kept, taken already, or the wrapper's context); the context lets go of it, so that the
