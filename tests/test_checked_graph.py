@@ -247,3 +247,17 @@ def test_without_gradients_same_bits(monkeypatch, taken, kind, mode):
         public = layer(x, edge_index)
     assert taken == [True] and not lean.requires_grad
     assert torch.equal(lean, public)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_frozen_layer_same_bits(monkeypatch, taken, kind):
+    """Gradients on but nothing to differentiate (a frozen layer, an input without a gradient):
+    the lean call skips the autograd Function and gives the public route's bits."""
+    layer = _layer(kind, torch.float32).requires_grad_(False)
+    g = gen(13)
+    x, edge_index = rand_feat((30, 12), torch.float32, "cpu", g), _graph(30, 30, 100, torch.int64, g)
+    lean = layer(x, edge_index)
+    monkeypatch.setattr(checked_graph, "attend", lambda *args: None)
+    public = layer(x, edge_index)
+    assert taken == [True] and lean.grad_fn is None
+    assert torch.equal(lean, public)

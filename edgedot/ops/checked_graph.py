@@ -47,8 +47,12 @@ def attend(op, tensors, src_idx, dst_idx, num_src, num_dst, score_arg, dropout_p
     if not _fits(tensors, src_idx, dst_idx, num_src, num_dst, src_rows, dst_rows, edge_like, score_arg, dropout_p):
         return None
     deferred_checks.raise_found()  # as every edgedot call: an earlier CUDA call's graph found bad
-    out, _, alpha, _ = function.apply(*tensors, src_idx, dst_idx, None, None, None, None, float(score_arg),
-                                      float(dropout_p), None, return_attention, False)
+    args = (*tensors, src_idx, dst_idx, None, None, None, None, float(score_arg), float(dropout_p), None,
+            return_attention, False)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        out, _, alpha, _ = function.apply(*args)
+    else:  # nothing to differentiate: the Function's forward without its bookkeeping (inference)
+        (out, _, alpha, _), _ = function.cpu_forward(*args)
     return out, alpha
 
 

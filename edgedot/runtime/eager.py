@@ -61,7 +61,9 @@ def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_c
     also returns what its backward may take), CPU calls of the Function run it and leave ``kept``
     to ``backward`` (:func:`take_kept`), after ``cpu_check_graph(*args)`` (the op's check of the
     graph's indices). The Function's ``graph_checked`` attribute is its twin without that check,
-    for a caller that has checked the same graph itself (:mod:`edgedot.ops.checked_graph`)."""
+    for a caller that has checked the same graph itself (:mod:`edgedot.ops.checked_graph`); its
+    ``cpu_forward`` attribute is ``cpu_forward``, for such a caller's calls with nothing to
+    differentiate."""
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
     def checked_backward(ctx, *grads):
@@ -86,6 +88,7 @@ def register_autograd(op, name, backward, setup_context, cpu_forward=None, cpu_c
     eager_function.cuda_call = cuda_call
     if cpu_forward is not None:
         eager_function.graph_checked = function(name + "GraphChecked", None)
+        eager_function.graph_checked.cpu_forward = staticmethod(cpu_forward)
     return eager_function
 
 
