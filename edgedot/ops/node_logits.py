@@ -159,10 +159,11 @@ def _backward_backward(ctx, ddx, ddatt):
     needs = ctx.needs_input_grad
     dgrad = dx = datt = None
     if needs[0]:
-        terms = [gat_node_logits(ddx, att)] if ddx is not None else []
+        if ddx is not None:
+            dgrad = gat_node_logits(ddx, att)
         if ddatt is not None:
-            terms.append(gat_node_logits(x, ddatt))
-        dgrad = sum(terms[1:], terms[0]).to(grad.dtype) if terms else None
+            term = gat_node_logits(x, ddatt)
+            dgrad = term if dgrad is None else dgrad + term
     if needs[1] and ddatt is not None:
         dx = torch.ops.edgedot.gat_node_logits_backward(grad, x, ddatt, True, False)[0]
     if needs[2] and ddx is not None:
