@@ -7,7 +7,7 @@ import torch
 
 import edgedot
 from edgedot.runtime import eager
-from utils import DEVICES, gen, rand_feat, rand_index, requires_cuda
+from utils import DEVICES, gen, launched_kernels, rand_feat, rand_index, requires_cuda
 
 
 def _calls(device):
@@ -187,6 +187,40 @@ def test_cuda_node_groupings_given_or_built(name):
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention", "gatv2_attention"])
+def test_cuda_node_backward_takes_the_forwards_schedule(monkeypatch, name):
+    """On a graph whose hub is chunked, the C++ node's backward takes the destination schedule its
+    forward built (one schedule launch fewer than the wrapper, which builds it again), with the
+    wrapper's gradients bit for bit."""
+    call, leaves = _cuda_calls(False)[name]
+    g = gen(6)
+    num_edges = 3000
+    dst = torch.cat([torch.zeros(1200, dtype=torch.int64, device="cuda"), rand_index(30, num_edges - 1200, torch.int64,
+                                                                                    "cuda", g)])
+    src = rand_index(30, num_edges, torch.int64, "cuda", g)
+    grad_out = None
+
+    def step():
+        nonlocal grad_out
+        ins = [t.detach().requires_grad_() for t in leaves]
+        out = call(ins, src, dst)
+        if grad_out is None:
+            grad_out = rand_feat(out.shape, out.dtype, out.device, gen(1))
+        return out, torch.autograd.grad(out, ins, grad_out)
+
+    def schedules(run):
+        return sum("schedule_kernel" in name for name in launched_kernels(run))
+
+    node_grads = step()[1]
+    node_schedules = schedules(step)
+    monkeypatch.setattr(eager, "call", lambda op, function, *args: op(*args))
+    wrapper_grads = step()[1]
+    assert schedules(step) == node_schedules + 1
+    for a, b in zip(node_grads, wrapper_grads):
+        assert torch.equal(a, b)
 
 
 @requires_cuda

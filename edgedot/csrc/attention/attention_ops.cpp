@@ -87,6 +87,40 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
                            nullptr, nullptr, IndexKind::i64, IndexKind::i64};
 }
 
+namespace {
+
+// Where each part of a schedule's buffer lies (one allocation, carved).
+struct ScheduleLayout {
+  int64_t first_chunk, long_rows, temp, keys, order, sort_temp, size;
+};
+
+ScheduleLayout schedule_layout(int64_t num_rows, bool ordered, size_t temp_bytes, size_t sort_bytes) {
+  Carving carving;
+  ScheduleLayout at{};
+  at.first_chunk = carving.add((num_rows + 1) * sizeof(int64_t));
+  at.long_rows = carving.add((num_rows + 1) * sizeof(int32_t));  // the last entry: their count
+  at.temp = carving.add(static_cast<int64_t>(temp_bytes));
+  at.keys = ordered ? carving.add(2 * num_rows) : 0;
+  at.order = ordered ? carving.add(2 * num_rows * sizeof(int32_t)) : 0;  // row ids, then their order
+  at.sort_temp = ordered ? carving.add(static_cast<int64_t>(sort_bytes)) : 0;
+  at.size = carving.size();
+  return at;
+}
+
+// The schedule a buffer of that layout holds.
+RowChunks chunks_in(uint8_t* base, const ScheduleLayout& at, int64_t num_rows, int64_t num_edges, int64_t chunk,
+                    bool ordered) {
+  const int32_t* rows = reinterpret_cast<const int32_t*>(base + at.long_rows);
+  const int32_t* row_order = ordered ? reinterpret_cast<const int32_t*>(base + at.order) + num_rows : nullptr;
+  return RowChunks{chunk,     reinterpret_cast<const int64_t*>(base + at.first_chunk),
+                   rows,      rows + num_rows,
+                   attention_max_slots(num_edges, chunk), row_order};
+}
+
+thread_local DstScheduleScope* dst_schedule_scope = nullptr;
+
+}  // namespace
+
 // The chunk schedule of a grouping's long rows (RowChunks), its buffer appended to `keep` (alive
 // until the kernels are queued; the caching allocator orders its reuse on the stream). None when
 // no row can be long.
@@ -97,36 +131,61 @@ RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t 
   const bool ordered = attention_orders_rows(num_edges, heads);
   const size_t temp_bytes = attention_schedule_temp_bytes(num_rows);
   const size_t sort_bytes = ordered ? attention_row_order_temp_bytes(num_rows) : 0;
-  Carving carving;
-  const int64_t at_first_chunk = carving.add((num_rows + 1) * sizeof(int64_t));
-  const int64_t at_long_rows = carving.add((num_rows + 1) * sizeof(int32_t));  // the last entry: their count
-  const int64_t at_temp = carving.add(static_cast<int64_t>(temp_bytes));
-  const int64_t at_keys = ordered ? carving.add(2 * num_rows) : 0;
-  const int64_t at_order = ordered ? carving.add(2 * num_rows * sizeof(int32_t)) : 0;  // row ids, then their order
-  const int64_t at_sort_temp = ordered ? carving.add(static_cast<int64_t>(sort_bytes)) : 0;
-  at::Tensor buffer = at::empty({carving.size()}, offsets.options().dtype(at::kByte));
+  const ScheduleLayout at = schedule_layout(num_rows, ordered, temp_bytes, sort_bytes);
+  at::Tensor buffer = at::empty({at.size}, offsets.options().dtype(at::kByte));
   keep.push_back(buffer);
   uint8_t* base = buffer.data_ptr<uint8_t>();
-  int64_t* first_chunk = reinterpret_cast<int64_t*>(base + at_first_chunk);
-  int32_t* rows = reinterpret_cast<int32_t*>(base + at_long_rows);
+  int64_t* first_chunk = reinterpret_cast<int64_t*>(base + at.first_chunk);
+  int32_t* rows = reinterpret_cast<int32_t*>(base + at.long_rows);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const cudaError_t status = launch_attention_schedule(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
-                                                       first_chunk, rows, rows + num_rows, base + at_temp, temp_bytes,
+                                                       first_chunk, rows, rows + num_rows, base + at.temp, temp_bytes,
                                                        stream);
   TORCH_CHECK(status == cudaSuccess, message("edgedot: building the chunk schedule failed: ",
                                              cudaGetErrorString(status)));
-  const int32_t* row_order = nullptr;
   if (ordered) {
-    int32_t* ids = reinterpret_cast<int32_t*>(base + at_order);
+    int32_t* ids = reinterpret_cast<int32_t*>(base + at.order);
     const cudaError_t sorted = launch_attention_row_order(offsets.data_ptr<int64_t>(), num_rows, num_edges, chunk,
-                                                          base + at_keys, ids, ids + num_rows, base + at_sort_temp,
+                                                          base + at.keys, ids, ids + num_rows, base + at.sort_temp,
                                                           sort_bytes, stream);
     TORCH_CHECK(sorted == cudaSuccess, message("edgedot: ordering the rows by degree failed: ",
                                                cudaGetErrorString(sorted)));
-    row_order = ids + num_rows;
   }
-  return RowChunks{chunk, first_chunk, rows, rows + num_rows, attention_max_slots(num_edges, chunk), row_order};
+  return chunks_in(base, at, num_rows, num_edges, chunk, ordered);
 }
+
+RowChunks attention_dst_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads,
+                               int64_t dim, int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep) {
+  DstScheduleScope* scope = dst_schedule_scope;
+  if (scope != nullptr && scope->given_) {
+    const at::Tensor& given = scope->schedule_;
+    const int64_t chunk = attention_chunk_edges(num_edges, heads, dim, dim_v, scalar);
+    if (given.defined() && chunk == scope->chunk_ && num_edges > chunk && num_rows > 0) {
+      const bool ordered = attention_orders_rows(num_edges, heads);
+      const ScheduleLayout at =
+          schedule_layout(num_rows, ordered, attention_schedule_temp_bytes(num_rows),
+                          ordered ? attention_row_order_temp_bytes(num_rows) : 0);
+      if (given.numel() == at.size && given.device() == offsets.device()) {
+        keep.push_back(given);
+        return chunks_in(given.data_ptr<uint8_t>(), at, num_rows, num_edges, chunk, ordered);
+      }
+    }
+  }
+  const size_t kept = keep.size();
+  RowChunks built = attention_chunks(offsets, num_rows, num_edges, heads, dim, dim_v, scalar, keep);
+  if (scope != nullptr && !scope->given_ && keep.size() > kept) {
+    scope->schedule_ = keep.back();
+    scope->chunk_ = built.chunk;
+  }
+  return built;
+}
+
+DstScheduleScope::DstScheduleScope() : given_(false), outer_(dst_schedule_scope) { dst_schedule_scope = this; }
+DstScheduleScope::DstScheduleScope(at::Tensor schedule, int64_t chunk)
+    : schedule_(std::move(schedule)), chunk_(chunk), given_(true), outer_(dst_schedule_scope) {
+  dst_schedule_scope = this;
+}
+DstScheduleScope::~DstScheduleScope() { dst_schedule_scope = outer_; }
 
 // Accumulation-type buffers of max_slots x heads x width partial rows, one per part (null where
 // its width is 0 or its schedule has no slots), carved out of one allocation.
@@ -246,7 +305,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_sca
   AttentionForwardArgs args{};
   args.in = in;
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
+  args.dst_chunks = attention_dst_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
   // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
   at::Tensor out = at::empty({num_dst, in.heads, in.dim_v}, q.options());
   at::Tensor lse = at::empty({num_dst, in.heads}, q.options().dtype(attention_accum(q.scalar_type())));
@@ -314,7 +373,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   args.out = attention_rows(out);
   args.lse = lse.data_ptr();
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
+  args.dst_chunks = attention_dst_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);
   if (kv_grad) {
     args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, num_edges, num_src, q, "src");
     args.src_chunks = attention_chunks(*src_offsets, num_src, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);

@@ -30,6 +30,33 @@ AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, con
 
 RowChunks attention_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads, int64_t dim,
                            int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep);
+// attention_chunks of the destination grouping, through the thread's DstScheduleScope (below).
+RowChunks attention_dst_chunks(const at::Tensor& offsets, int64_t num_rows, int64_t num_edges, int64_t heads,
+                               int64_t dim, int64_t dim_v, ScalarKind scalar, std::vector<at::Tensor>& keep);
+
+// While one lives on a thread, the destination schedule built there is handed to it (the
+// default scope), or, one given, taken instead of built again where it is of the same layout: the
+// eager autograd node's forward keeps its schedule for its backward (attention/autograd.cpp), which
+// would build the same one from the same grouping, and saves a launch and an allocation.
+class DstScheduleScope {
+ public:
+  DstScheduleScope();
+  DstScheduleScope(at::Tensor schedule, int64_t chunk);
+  ~DstScheduleScope();
+  DstScheduleScope(const DstScheduleScope&) = delete;
+  DstScheduleScope& operator=(const DstScheduleScope&) = delete;
+  // The schedule built (undefined where none was: no long rows) and its chunk length.
+  const at::Tensor& schedule() const { return schedule_; }
+  int64_t chunk() const { return chunk_; }
+
+ private:
+  friend RowChunks attention_dst_chunks(const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, ScalarKind,
+                                        std::vector<at::Tensor>&);
+  at::Tensor schedule_;
+  int64_t chunk_ = 0;
+  bool given_;
+  DstScheduleScope* outer_;
+};
 
 // A buffer of partial rows of a schedule's slots, `width` accumulation-type values a (slot, head).
 struct PartialRows {

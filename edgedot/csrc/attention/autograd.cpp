@@ -49,9 +49,12 @@ struct AttentionFunction : torch::autograd::Function<Op> {
     // Every caller (ops/attention.py's edge_groupings) has grouped the edges by destination.
     TORCH_CHECK(dst_offsets.has_value(), "edgedot: the CUDA autograd path needs the destination grouping");
     const Tensor offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
+    const DstScheduleScope schedule;  // kept for the backward, which takes it instead of building it again
     auto [out, lse, alpha, rng_state] = Op::kForward(a, b, c, edge, src_idx.contiguous(), dst_idx.contiguous(),
                                                      dst_group, offsets, score_arg, dropout_p, generator,
                                                      return_attention);
+    ctx->saved_data["dst_schedule"] = schedule.schedule();
+    ctx->saved_data["dst_chunk"] = schedule.chunk();
     ctx->mark_non_differentiable({lse, alpha, rng_state});
     ctx->set_materialize_grads(false);  // no zeros of E x H for alpha's absent gradient
     ctx->save_for_backward({a, b, c, edge.value_or(Tensor()), out, lse, src_idx, dst_idx, dst_group.value_or(Tensor()),
@@ -88,6 +91,7 @@ struct AttentionFunction : torch::autograd::Function<Op> {
                                                        Op::destinations(s[kA], s[kB], s[kC]).size(0));
       }
       const PackedGradsScope packed;  // the gradients go to autograd only
+      const DstScheduleScope schedule(ctx->saved_data["dst_schedule"].toTensor(), ctx->saved_data["dst_chunk"].toInt());
       grads_in = Op::kBackward(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse],
                                s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
                                s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],

@@ -114,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward_run(
   GatForwardArgs args{};
   args.in = in;
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, in.num_edges, in.num_dst, x, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, in.num_dst, in.num_edges, in.heads, in.dim, in.dim, scalar, keep);
+  args.dst_chunks = attention_dst_chunks(dst_offsets, in.num_dst, in.num_edges, in.heads, in.dim, in.dim, scalar, keep);
   // No memset: the kernels write every element (rows without edges as zeros, lse -inf).
   at::Tensor out = at::empty({in.num_dst, in.heads, in.dim}, x.options());
   at::Tensor lse = at::empty({in.num_dst, in.heads}, x.options().dtype(attention_accum(x.scalar_type())));
@@ -165,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   args.out = attention_rows(out);
   args.lse = lse.data_ptr();
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, in.num_edges, num_dst, x, "dst");
-  args.dst_chunks = attention_chunks(dst_offsets, num_dst, in.num_edges, heads, dim, dim, scalar, keep);
+  args.dst_chunks = attention_dst_chunks(dst_offsets, num_dst, in.num_edges, heads, dim, dim, scalar, keep);
   if (src_grad) {
     args.src = attention_grouping(src_group, *src_offsets, src_idx, dst_idx, in.num_edges, num_src, x, "src");
     args.src_chunks = attention_chunks(*src_offsets, num_src, in.num_edges, heads, dim, dim, scalar, keep);
