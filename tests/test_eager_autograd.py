@@ -331,3 +331,105 @@ def test_cuda_gat_layer_takes_the_sides_node(dtype):
     assert torch.equal(stacked[0], a_src) and torch.equal(stacked[1], a_dst)
     dx, dboth = torch.autograd.grad(stacked, (x_proj, both), torch.stack(grads))
     assert torch.equal(dx, got[0]) and torch.equal(dboth[:1], got[1]) and torch.equal(dboth[1:], got[2])
+
+
+def _layer_leaves(dtype, edge, hub):
+    """x [N, 2, 8], att_src and att_dst as a layer's [1, 2, 8] Parameters, a_edge or None, and a graph
+    (with a chunked hub where ``hub``)."""
+    g = gen(8)
+    num_nodes, num_edges = 40, 3000 if hub else 300
+    x = rand_feat((num_nodes, 2, 8), dtype, "cuda", g)
+    atts = [torch.nn.Parameter(rand_feat((1, 2, 8), dtype, "cuda", g)) for _ in range(2)]
+    a_edge = rand_feat((num_edges, 2), dtype, "cuda", g) if edge else None
+    dst = rand_index(num_nodes, num_edges, torch.int64, "cuda", g)
+    if hub:
+        dst[:1500] = 3
+    return x, atts, a_edge, rand_index(num_nodes, num_edges, torch.int64, "cuda", g), dst
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("edge", [False, True], ids=["", "edge"])
+@pytest.mark.parametrize("hub", [False, True], ids=["", "hub"])
+@pytest.mark.parametrize("wanted", ["all", "x", "atts", "att_dst"])
+def test_cuda_gat_layer_node_matches_the_two_ops(monkeypatch, dtype, edge, hub, wanted):
+    """gat_layer_attention's one C++ node (the logits and the attention) gives what the two ops give:
+    the output bit for bit, the att and a_edge gradients too, and x's (the two terms now added
+    inside the logits' kernel, rounded once) bit for bit in float32 and within a rounding in
+    bfloat16; any subset of the inputs may want a gradient."""
+    from edgedot.ops import gat as gat_ops
+    x, atts, a_edge, src, dst = _layer_leaves(dtype, edge, hub)
+    wants = {"all": (True, True, True), "x": (True, False, False), "atts": (False, True, True),
+             "att_dst": (False, False, True)}[wanted]
+
+    def run():
+        ins = [t.detach().requires_grad_(w) for t, w in zip([x] + atts, wants)]
+        edge_in = None if a_edge is None else a_edge.detach().requires_grad_()
+        torch.manual_seed(3)
+        out = gat_ops.gat_layer_attention(ins[0], ins[1], ins[2], src, dst, a_edge=edge_in, dropout_p=0.2)
+        leaves = [t for t in ins + [edge_in] if t is not None and t.requires_grad]
+        return out, torch.autograd.grad(out, leaves, rand_feat(out.shape, dtype, "cuda", gen(9))), out.grad_fn
+
+    out, grads, grad_fn = run()
+    assert "GatLayerFunction" in grad_fn.name(), grad_fn.name()
+    monkeypatch.setattr(gat_ops, "_one_node", lambda *args: False)
+    out_two, grads_two, grad_fn_two = run()
+    assert "GatLayerFunction" not in grad_fn_two.name()
+    assert torch.equal(out, out_two)
+    for k, (a, b) in enumerate(zip(grads, grads_two)):
+        if k == 0 and wants[0] and dtype != torch.float32:
+            torch.testing.assert_close(a, b, rtol=2 ** -7, atol=2 ** -7 * b.abs().max().item())
+        else:
+            assert torch.equal(a, b), k
+
+
+@requires_cuda
+def test_cuda_gat_layer_node_graph_rules():
+    """The one node keeps the attention nodes' rules: create_graph gives the same first-order
+    gradients and a second derivative raises; an index refilled in place before the backward raises."""
+    x, atts, _, src, dst = _layer_leaves(torch.float32, False, False)
+    from edgedot.ops.gat import gat_layer_attention
+    ins = [x.detach().requires_grad_()] + [torch.nn.Parameter(a.detach()) for a in atts]
+    out = gat_layer_attention(*ins, src, dst)
+    grad_out = rand_feat(out.shape, out.dtype, "cuda", gen(10))
+    first = torch.autograd.grad(out, ins, grad_out, retain_graph=True)
+    created = torch.autograd.grad(out, ins, grad_out, create_graph=True)
+    for a, b in zip(first, created):
+        assert torch.equal(a, b.detach())
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(created[0].square().sum(), ins)
+    src_now = src.clone()
+    out = gat_layer_attention(*ins, src_now, dst)
+    src_now.add_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(grad_out)
+
+
+@requires_cuda
+@pytest.mark.parametrize("autocast", [False, True], ids=["", "autocast"])
+def test_cuda_gat_conv_takes_the_layer_node(monkeypatch, autocast):
+    """GATConv over one x on CUDA runs its logits and attention as one node; its step gives the two
+    ops' output and gradients bit for bit (float32), and under autocast (float32 att beside bfloat16
+    features) it keeps the two ops, as before."""
+    from edgedot.ops import gat as gat_ops
+    layer = edgedot.nn.GATConv(16, 8, heads=2).to("cuda")
+    x = rand_feat((60, 16), torch.float32, "cuda", gen(11))
+    edge_index = torch.stack([rand_index(60, 400, torch.int64, "cuda", gen(12)),
+                              rand_index(60, 400, torch.int64, "cuda", gen(13))])
+    taken = []
+    one_node = gat_ops._one_node
+    monkeypatch.setattr(gat_ops, "_one_node", lambda *args: taken.append(one_node(*args)) or taken[-1])
+
+    def step():
+        layer.zero_grad()
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            out = layer(x, edge_index)
+        out.float().square().sum().backward()
+        return [out] + [p.grad.clone() for p in layer.parameters()]
+
+    got = step()
+    assert taken == [not autocast]
+    monkeypatch.setattr(gat_ops, "_one_node", lambda *args: False)
+    want = step()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -59,6 +59,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "edgedot::gat_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
   m.def("gatv2_attention_autograd", edgedot::gatv2_attention_autograd,
         "edgedot::gatv2_attention's forward with a C++ autograd node: (out, lse, alpha, rng_state) (CUDA)");
+  m.def("gat_layer_attention_autograd", edgedot::gat_layer_attention_autograd,
+        "gat_attention_autograd taking (x, att_src, att_dst, a_edge): GATConv's two sides' logits over x and its "
+        "attention in one C++ autograd node (CUDA)");
   m.def("node_logits_autograd", &edgedot::node_logits_autograd,
         "edgedot::gat_node_logits with a C++ autograd node (CUDA)");
   m.def("node_logits_sides_autograd", &edgedot::node_logits_sides_autograd,

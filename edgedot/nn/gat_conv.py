@@ -13,7 +13,7 @@ from torch.nn import Parameter
 
 from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
-from ..ops.gat import gat_attention, gatv2_attention
+from ..ops.gat import gat_attention, gat_layer_attention, gatv2_attention
 from ..ops.node_logits import gat_node_logit_sides, gat_node_logits
 from ..runtime.checks import self_looped_with_check
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
@@ -555,7 +555,11 @@ class GATConv(_GATBase):
         loops = min(num_src, num_dst) if size is None else min(size)
         edge_index, edge_attr, adj = self._adjacency(edge_index, edge_attr, loops, num_src, num_dst,
                                                      bool(return_attention_weights))
-        x_src, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, self._fused_edge_attr(adj, edge_attr),
-                                                             num_dst)
+        edge_attr = self._fused_edge_attr(adj, edge_attr)
+        if x_dst is x_src and x_src.is_cuda:  # one x for both sides: its logits and attention as one op
+            a_edge = None if edge_attr is None or self.lin_edge is None else self._edge_logits(edge_attr)
+            return self._attend(gat_layer_attention, (x_src, self.att_src, self.att_dst, a_edge), "a_edge", adj,
+                                num_src, num_dst, edge_index, res, return_attention_weights)
+        x_src, a_src, a_dst, a_edge = self._attention_inputs(x_src, x_dst, edge_attr, num_dst)
         return self._attend(gat_attention, (x_src, a_src, a_dst, a_edge), "a_edge", adj, num_src, num_dst, edge_index,
                             res, return_attention_weights)

@@ -30,6 +30,7 @@ from . import attention as attention_ops
 from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
                         cuda_autograd, draw_cpu, edge_groupings, forward_fake, setup_context)
 from .attention import _check_graph as _check_edges
+from .node_logits import gat_node_logit_sides
 
 __all__ = ["gat_attention", "gatv2_attention", "gat_attention_op", "gat_attention_backward_op", "gatv2_attention_op",
            "gatv2_attention_backward_op", "check_gat_inputs", "check_gatv2_inputs"]
@@ -142,6 +143,68 @@ def gatv2_attention(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=None, nega
     check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx)
     return _attend(gatv2_attention_op, (x_src, x_dst, att, edge_feat), x_dst, src_idx, dst_idx, negative_slope,
                    dropout_p, generator, plan, dst_ptr, check_indices, return_attention)
+
+
+def gat_layer_attention(x, att_src, att_dst, src_idx, dst_idx, *, a_edge=None, negative_slope=0.2, dropout_p=0.0,
+                        generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False):
+    """:func:`gat_attention` over one ``x`` ``[N, H, C]`` for both sides with its own logits:
+    ``a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)`` (``GATConv`` on one node set);
+    the same outputs and gradients, in ``x``, ``att_src``, ``att_dst`` (each of ``H * C``
+    elements, any shape) and ``a_edge``. The options are :func:`gat_attention`'s. Float tensors of
+    different dtypes are computed in their promoted dtype, as PyG's layer computes them under
+    autocast (``x`` in the autocast dtype, the attention vectors float32).
+
+    On CUDA in plain eager autograd, with every float tensor of ``x``'s dtype, the logits and the
+    attention are one autograd node (csrc/attention/autograd.cpp, ``GatLayerFunction``): no op
+    call between them, and the backward adds the logits' ``dx`` into the attention's inside the
+    logits' kernel, rounded once. Elsewhere it is the two ops."""
+    if not _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx):
+        a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)  # in the promoted dtype
+        dtype = a_src.dtype
+        if isinstance(a_edge, torch.Tensor):
+            dtype = torch.promote_types(dtype, a_edge.dtype)
+            a_edge = a_edge.to(dtype)
+        return gat_attention(x.to(dtype), a_src.to(dtype), a_dst.to(dtype), src_idx, dst_idx, a_edge=a_edge,
+                             negative_slope=negative_slope,
+                             dropout_p=dropout_p, generator=generator, plan=plan, dst_ptr=dst_ptr,
+                             check_indices=check_indices, return_attention=return_attention)
+    _check_layer_inputs(x, att_src, att_dst, a_edge, src_idx, dst_idx)
+    _check_slope(negative_slope)
+    check_options(x.device, dropout_p, generator, plan, check_indices, return_attention)
+    groups, check_indices = edge_groupings(plan, dst_ptr, x, x, src_idx, dst_idx, check_indices, [x, att_src])
+    if check_indices:
+        _check_edges(x, x, src_idx, dst_idx, groups[0], groups[1])
+    out, _, alpha, _ = cuda_module().gat_layer_attention_autograd(
+        x, att_src, att_dst, a_edge, src_idx, dst_idx, *groups, float(negative_slope), float(dropout_p), generator,
+        return_attention, attention_ops.BACKWARD_RECORDS)
+    return (out, alpha) if return_attention else out
+
+
+def _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx):
+    """Whether :func:`gat_layer_attention` takes its one C++ node: tensors (else the two ops'
+    checks name the argument) of one float dtype on CUDA, a gradient wanted, plain eager."""
+    tensors = (x, att_src, att_dst, src_idx, dst_idx) + (() if a_edge is None else (a_edge,))
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or not x.is_cuda or not torch.is_grad_enabled():
+        return False
+    floats = tensors[:3] + tensors[5:]
+    return (all(t.dtype == x.dtype for t in floats) and any(t.requires_grad for t in floats)
+            and eager.plain_eager(*tensors))
+
+
+def _check_layer_inputs(x, att_src, att_dst, a_edge, src_idx, dst_idx):
+    """:func:`check_gat_inputs` with ``att_src`` and ``att_dst`` in the place of the logits."""
+    _check_features("x", x)
+    if x.dtype not in FEATURE_DTYPES:
+        raise TypeError(f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
+    heads, channels = x.shape[1], x.shape[2]
+    for name, att in (("att_src", att_src), ("att_dst", att_dst)):
+        if att.numel() != heads * channels:
+            raise ValueError(f"{name} must hold H x C = {heads} x {channels} elements, got shape {tuple(att.shape)}")
+    check_indices_pair(src_idx, dst_idx)
+    if a_edge is not None:
+        _check_shape("a_edge", a_edge, (src_idx.shape[0], heads), "[E, H]")
+    _check_graph("x", (("x", x), ("att_src", att_src), ("att_dst", att_dst), ("a_edge", a_edge)), src_idx, dst_idx,
+                 x.shape[0], x.shape[0], channels)
 
 
 def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, generator, plan, dst_ptr,

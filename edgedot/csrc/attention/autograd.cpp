@@ -33,14 +33,51 @@ using BackwardOp = Outputs(const Tensor&, const Tensor&, const Tensor&, const Te
                            const OptionalTensor&, const OptionalTensor&, const OptionalTensor&, double, double,
                            const OptionalTensor&, bool, bool);
 
-// The forward's arguments (AttentionAutograd's), and the positions of those saved for the backward.
+// The forward's arguments (AttentionAutograd's), and the positions of those saved for the backward
+// (an op's own intermediates follow, from kKept).
 constexpr size_t kNumArguments = 15;
-enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng };
+enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng,
+             kKept };
 
 OptionalTensor present(const Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
+// The three feature tensors the kernels take, and the intermediates made for them (saved).
+struct KernelInputs {
+  Tensor a, b, c;
+  std::vector<Tensor> kept;
+};
+
+// The gradients of two logit sides over one x (each side's gradient undefined: zeros) through the
+// [2, H, C] backward op, whose backward PyTorch records (create_graph): (dx, [datt_src, datt_dst]),
+// each undefined unless wanted.
+std::tuple<Tensor, std::vector<Tensor>> recorded_sides_grads(const Tensor& grad_src, const Tensor& grad_dst,
+                                                             const Tensor& x, const Tensor& att_src,
+                                                             const Tensor& att_dst, bool x_grad, bool att_grad) {
+  const int64_t heads = x.size(1), dim = x.size(2);
+  const Tensor att = at::stack({att_src.reshape({heads, dim}), att_dst.reshape({heads, dim})});
+  const Tensor& any = grad_src.defined() ? grad_src : grad_dst;
+  const Tensor grad = at::stack({grad_src.defined() ? grad_src : at::zeros_like(any),
+                                 grad_dst.defined() ? grad_dst : at::zeros_like(any)});
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("edgedot::gat_node_logits_backward", "")
+          .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, bool)>();
+  auto [dx, datt] = op.call(grad, x, att, x_grad, att_grad);
+  std::vector<Tensor> datts(2);
+  if (att_grad) datts = {datt[0].view(att_src.sizes()), datt[1].view(att_dst.sizes())};
+  return {x_grad ? dx : Tensor(), datts};
+}
+
+// The op's kernels run on its inputs as given; the kernels' gradients are the inputs'. An op whose
+// kernels take tensors made from its inputs (GatLayerFunction) declares these three itself.
+struct InputsAsGiven {
+  static KernelInputs forward_inputs(const Tensor& a, const Tensor& b, const Tensor& c) { return {a, b, c, {}}; }
+  static KernelInputs backward_inputs(const variable_list& s) { return {s[kA], s[kB], s[kC], {}}; }
+  static Outputs input_grads(AutogradContext*, const variable_list&, Outputs grads, bool) { return grads; }
+};
+
 template <class Op>
-struct AttentionFunction : torch::autograd::Function<Op> {
+struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
   static variable_list forward(AutogradContext* ctx, Tensor a, Tensor b, Tensor c, OptionalTensor edge,
                                Tensor src_idx, Tensor dst_idx, OptionalTensor dst_group, OptionalTensor dst_offsets,
                                OptionalTensor src_group, OptionalTensor src_offsets, double score_arg,
@@ -49,16 +86,19 @@ struct AttentionFunction : torch::autograd::Function<Op> {
     // Every caller (ops/attention.py's edge_groupings) has grouped the edges by destination.
     TORCH_CHECK(dst_offsets.has_value(), "edgedot: the CUDA autograd path needs the destination grouping");
     const Tensor offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
+    KernelInputs in = Op::forward_inputs(a, b, c);
     const DstScheduleScope schedule;  // kept for the backward, which takes it instead of building it again
-    auto [out, lse, alpha, rng_state] = Op::kForward(a, b, c, edge, src_idx.contiguous(), dst_idx.contiguous(),
-                                                     dst_group, offsets, score_arg, dropout_p, generator,
-                                                     return_attention);
+    auto [out, lse, alpha, rng_state] = Op::kForward(in.a, in.b, in.c, edge, src_idx.contiguous(),
+                                                     dst_idx.contiguous(), dst_group, offsets, score_arg, dropout_p,
+                                                     generator, return_attention);
     ctx->saved_data["dst_schedule"] = schedule.schedule();
     ctx->saved_data["dst_chunk"] = schedule.chunk();
     ctx->mark_non_differentiable({lse, alpha, rng_state});
     ctx->set_materialize_grads(false);  // no zeros of E x H for alpha's absent gradient
-    ctx->save_for_backward({a, b, c, edge.value_or(Tensor()), out, lse, src_idx, dst_idx, dst_group.value_or(Tensor()),
-                            offsets, src_group.value_or(Tensor()), src_offsets.value_or(Tensor()), rng_state});
+    variable_list saved{a, b, c, edge.value_or(Tensor()), out, lse, src_idx, dst_idx, dst_group.value_or(Tensor()),
+                        offsets, src_group.value_or(Tensor()), src_offsets.value_or(Tensor()), rng_state};
+    saved.insert(saved.end(), in.kept.begin(), in.kept.end());
+    ctx->save_for_backward(saved);
     ctx->saved_data["score_arg"] = score_arg;
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["records"] = records;
@@ -75,28 +115,31 @@ struct AttentionFunction : torch::autograd::Function<Op> {
     for (const size_t input : Op::kSourceInputs) source_grad = source_grad || ctx->needs_input_grad(input);
     const double score_arg = ctx->saved_data["score_arg"].toDouble();
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    const KernelInputs in = Op::backward_inputs(s);
+    const bool recorded = at::GradMode::is_enabled();
     Outputs grads_in;
-    if (at::GradMode::is_enabled()) {
+    if (recorded) {
       // A backward recording a graph (create_graph): the backward op, with PyTorch's autograd for it.
       static const auto op =
           c10::Dispatcher::singleton().findSchemaOrThrow(Op::kBackwardOp, "").template typed<BackwardOp>();
-      grads_in = op.call(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse], s[kSrcIdx], s[kDstIdx],
+      grads_in = op.call(grad_out, in.a, in.b, in.c, present(s[kEdge]), s[kOut], s[kLse], s[kSrcIdx], s[kDstIdx],
                          present(s[kDstGroup]), s[kDstOffsets], present(s[kSrcGroup]), present(s[kSrcOffsets]),
                          score_arg, dropout_p, s[kRng], edge_grad, source_grad);
     } else {
       OptionalTensor src_group = present(s[kSrcGroup]);
       Tensor src_offsets = s[kSrcOffsets];
       if (source_grad && !src_offsets.defined()) {
-        std::tie(src_group, src_offsets) = group_edges(s[kSrcIdx], s[kDstIdx], Op::sources(s[kA], s[kB], s[kC]).size(0),
-                                                       Op::destinations(s[kA], s[kB], s[kC]).size(0));
+        std::tie(src_group, src_offsets) = group_edges(s[kSrcIdx], s[kDstIdx], Op::sources(in.a, in.b, in.c).size(0),
+                                                       Op::destinations(in.a, in.b, in.c).size(0));
       }
       const PackedGradsScope packed;  // the gradients go to autograd only
       const DstScheduleScope schedule(ctx->saved_data["dst_schedule"].toTensor(), ctx->saved_data["dst_chunk"].toInt());
-      grads_in = Op::kBackward(grad_out, s[kA], s[kB], s[kC], present(s[kEdge]), s[kOut], s[kLse],
+      grads_in = Op::kBackward(grad_out, in.a, in.b, in.c, present(s[kEdge]), s[kOut], s[kLse],
                                s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
                                s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],
                                edge_grad, source_grad, ctx->saved_data["records"].toBool());
     }
+    grads_in = Op::input_grads(ctx, s, std::move(grads_in), recorded);
     const Tensor* wanted[] = {&std::get<0>(grads_in), &std::get<1>(grads_in), &std::get<2>(grads_in),
                               &std::get<3>(grads_in)};
     for (size_t i = 0; i < 4; ++i) {
@@ -133,6 +176,44 @@ struct Gatv2AttentionFunction : AttentionFunction<Gatv2AttentionFunction> {  // 
   static constexpr size_t kSourceInputs[] = {kA};
   static const Tensor& sources(const Tensor& x_src, const Tensor&, const Tensor&) { return x_src; }
   static const Tensor& destinations(const Tensor&, const Tensor& x_dst, const Tensor&) { return x_dst; }
+};
+
+// GATConv's logits and attention in one node: the logits of att_src and att_dst over x (read once),
+// then GAT attention with x as values; its backward adds the logits' dx into the attention's in the
+// logits' kernel. (x, att_src, att_dst, a_edge): one x for both sides, all of one dtype.
+struct GatLayerFunction : AttentionFunction<GatLayerFunction> {
+  static constexpr ForwardFn kForward = gat_forward;
+  static constexpr BackwardFn kBackward = gat_backward;
+  static constexpr const char* kBackwardOp = "edgedot::gat_attention_backward";
+  static constexpr size_t kSourceInputs[] = {kA, kB};  // x, and att_src through a_src
+  static const Tensor& sources(const Tensor& x, const Tensor&, const Tensor&) { return x; }
+  static const Tensor& destinations(const Tensor& x, const Tensor&, const Tensor&) { return x; }
+
+  static KernelInputs forward_inputs(const Tensor& x, const Tensor& att_src, const Tensor& att_dst) {
+    const std::vector<Tensor> logits = node_logits_sides_forward(x, {att_src, att_dst});
+    return {x, logits[0], logits[1], logits};
+  }
+
+  static KernelInputs backward_inputs(const variable_list& s) { return {s[kA], s[kKept], s[kKept + 1], {}}; }
+
+  // (dx, da_src, da_dst, da_edge) -> (dx, datt_src, datt_dst, da_edge).
+  static Outputs input_grads(AutogradContext* ctx, const variable_list& s, Outputs grads, bool recorded) {
+    auto& [dx, da_src, da_dst, da_edge] = grads;
+    const bool x_grad = ctx->needs_input_grad(kA), att_grad = ctx->needs_input_grad(kB) || ctx->needs_input_grad(kC);
+    if (!x_grad && !att_grad) return {Tensor(), Tensor(), Tensor(), da_edge};
+    // Without source_grad (neither x nor att_src wants a gradient) da_src is an empty tensor.
+    const Tensor grad_src = ctx->needs_input_grad(kA) || ctx->needs_input_grad(kB) ? da_src : Tensor();
+    Tensor logits_dx;
+    std::vector<Tensor> datts;
+    if (recorded) {
+      std::tie(logits_dx, datts) = recorded_sides_grads(grad_src, da_dst, s[kA], s[kB], s[kC], x_grad, att_grad);
+      if (x_grad) logits_dx = dx + logits_dx;
+    } else {
+      std::tie(logits_dx, datts) =
+          node_logits_sides_backward({grad_src, da_dst}, s[kA], {s[kB], s[kC]}, x_grad, att_grad, x_grad ? dx : Tensor());
+    }
+    return {logits_dx, att_grad ? datts[0] : Tensor(), att_grad ? datts[1] : Tensor(), da_edge};
+  }
 };
 
 struct NodeLogitsFunction : torch::autograd::Function<NodeLogitsFunction> {
@@ -174,19 +255,8 @@ struct NodeLogitsSidesFunction : torch::autograd::Function<NodeLogitsSidesFuncti
     const bool x_grad = ctx->needs_input_grad(0), att_grad = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     Tensor dx;
     std::vector<Tensor> datts(2);
-    if (at::GradMode::is_enabled()) {  // create_graph: the [2, H, C] op, whose backward PyTorch records
-      const int64_t heads = s[0].size(1), dim = s[0].size(2);
-      const Tensor att = at::stack({s[1].reshape({heads, dim}), s[2].reshape({heads, dim})});
-      const Tensor& any = grads[0].defined() ? grads[0] : grads[1];
-      const Tensor grad = at::stack({grads[0].defined() ? grads[0] : at::zeros_like(any),
-                                     grads[1].defined() ? grads[1] : at::zeros_like(any)});
-      static const auto op = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("edgedot::gat_node_logits_backward", "")
-                                 .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool,
-                                                                   bool)>();
-      Tensor datt;
-      std::tie(dx, datt) = op.call(grad, s[0], att, x_grad, att_grad);
-      if (att_grad) datts = {datt[0].view(s[1].sizes()), datt[1].view(s[2].sizes())};
+    if (at::GradMode::is_enabled()) {
+      std::tie(dx, datts) = recorded_sides_grads(grads[0], grads[1], s[0], s[1], s[2], x_grad, att_grad);
     } else {
       std::tie(dx, datts) = node_logits_sides_backward({grads[0], grads[1]}, s[0], {s[1], s[2]}, x_grad, att_grad);
     }
@@ -210,6 +280,7 @@ std::vector<Tensor> apply_attention(Tensor a, Tensor b, Tensor c, OptionalTensor
 AttentionAutograd* const graph_attention_autograd = apply_attention<GraphAttentionFunction>;
 AttentionAutograd* const gat_attention_autograd = apply_attention<GatAttentionFunction>;
 AttentionAutograd* const gatv2_attention_autograd = apply_attention<Gatv2AttentionFunction>;
+AttentionAutograd* const gat_layer_attention_autograd = apply_attention<GatLayerFunction>;
 
 at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att) {
   return NodeLogitsFunction::apply(x, att);

@@ -22,6 +22,9 @@ using AttentionAutograd = std::vector<at::Tensor>(
 extern AttentionAutograd* const graph_attention_autograd;
 extern AttentionAutograd* const gat_attention_autograd;
 extern AttentionAutograd* const gatv2_attention_autograd;
+// GATConv's logits and attention as one node, (x, att_src, att_dst, a_edge) in the place of (x, a_src,
+// a_dst, a_edge): a_src and a_dst are the logits <x[n, h], att[h]> of each side over the one x.
+extern AttentionAutograd* const gat_layer_attention_autograd;
 
 // edgedot::gat_node_logits with its gradients.
 at::Tensor node_logits_autograd(const at::Tensor& x, const at::Tensor& att);

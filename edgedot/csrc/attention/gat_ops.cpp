@@ -346,11 +346,11 @@ std::vector<at::Tensor> logits_of_sides(const at::Tensor& x_in, const std::vecto
 }
 
 // (dx in x's dtype or undefined, the sides' att gradients [sides, H, C] in the logits' type or undefined)
-// for grads[k] side k's [N, H] logits' gradient (undefined: zeros).
-std::tuple<at::Tensor, at::Tensor> logits_grads(const std::vector<at::Tensor>& grads,
-                                                             const at::Tensor& x_in,
-                                                             const std::vector<at::Tensor>& atts, bool x_grad,
-                                                             bool att_grad) {
+// for grads[k] side k's [N, H] logits' gradient (undefined: zeros). A defined dx_into (x's shape and
+// dtype, contiguous) is added to and returned as dx.
+std::tuple<at::Tensor, at::Tensor> logits_grads(const std::vector<at::Tensor>& grads, const at::Tensor& x_in,
+                                                const std::vector<at::Tensor>& atts, bool x_grad, bool att_grad,
+                                                const at::Tensor& dx_into) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::ScalarType result = logits_type(x_in, atts);
   const at::Tensor x = logits_x(x_in, result);
@@ -370,11 +370,15 @@ std::tuple<at::Tensor, at::Tensor> logits_grads(const std::vector<at::Tensor>& g
     }
   }
   const at::TensorOptions accum = x.options().dtype(result == at::kDouble ? at::kDouble : at::kFloat);
-  at::Tensor dx = x_grad ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  const bool accumulate = x_grad && dx_into.defined();
+  TORCH_CHECK(!accumulate || (dx_into.scalar_type() == x.scalar_type() && dx_into.sizes() == x.sizes() &&
+                              dx_into.is_contiguous() && dx_into.device() == x.device()),
+              "edgedot: the logits' dx is added to a contiguous tensor of x's shape and dtype");
+  at::Tensor dx = accumulate ? dx_into : x_grad ? at::empty(x.sizes(), x.options()) : at::Tensor();
   at::Tensor datt = att_grad ? at::empty({count, heads, dim}, x.options().dtype(result)) : at::Tensor();
   const at::Tensor partial = att_grad ? at::empty({node_logits_blocks(rows), count, heads, dim}, accum) : at::Tensor();
   if (att_grad && rows == 0) datt.zero_();
-  launch_node_logits_backward(sides, att_data, rows_of(x), heads, dim, x_grad ? dx.data_ptr() : nullptr,
+  launch_node_logits_backward(sides, att_data, rows_of(x), heads, dim, x_grad ? dx.data_ptr() : nullptr, accumulate,
                               att_grad ? partial.data_ptr() : nullptr, att_grad ? datt.data_ptr() : nullptr,
                               scalar_kind(x.scalar_type()), result != x.scalar_type(),
                               c10::cuda::getCurrentCUDAStream());
@@ -398,17 +402,18 @@ std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, 
                                                         const at::Tensor& att, bool x_grad, bool att_grad) {
   const std::vector<at::Tensor> atts = sides_of(att);
   const std::vector<at::Tensor> grads = att.dim() == 2 ? std::vector<at::Tensor>{grad} : grad.unbind(0);
-  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad);
+  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad, at::Tensor());
   return {x_grad ? dx : x.new_empty({0}), att_grad ? datt.view(att.sizes()).to(att.scalar_type()) : att.new_empty({0})};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> node_logits_sides_backward(const std::vector<at::Tensor>& grads,
                                                                            const at::Tensor& x,
                                                                            const std::vector<at::Tensor>& atts,
-                                                                           bool x_grad, bool att_grad) {
+                                                                           bool x_grad, bool att_grad,
+                                                                           const at::Tensor& dx_into) {
   TORCH_CHECK_VALUE(grads.size() == atts.size() && (atts.size() == 1 || atts.size() == 2),
                     "edgedot: node logits take one or two sides, a gradient each");
-  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad);
+  auto [dx, datt] = logits_grads(grads, x, atts, x_grad, att_grad, dx_into);
   std::vector<at::Tensor> datts(atts.size());
   for (size_t k = 0; k < atts.size() && att_grad; ++k) {
     datts[k] = datt[static_cast<int64_t>(k)].view(atts[k].sizes()).to(atts[k].scalar_type());

@@ -41,11 +41,13 @@ std::tuple<at::Tensor, at::Tensor> node_logits_backward(const at::Tensor& grad, 
                                                         const at::Tensor& att, bool x_grad, bool att_grad);
 // The same for one or two sides given apart (atts: each of heads x dim elements, any shape): the sides'
 // [N, H] logits, and (dx or undefined, each side's att gradient in its att's shape and dtype, or undefined)
-// for each side's gradient (undefined: zeros).
+// for each side's gradient (undefined: zeros). A defined dx_into (x's shape and dtype, contiguous) has
+// dx added to it in place (one rounding) and is returned as dx.
 std::vector<at::Tensor> node_logits_sides_forward(const at::Tensor& x, const std::vector<at::Tensor>& atts);
 std::tuple<at::Tensor, std::vector<at::Tensor>> node_logits_sides_backward(const std::vector<at::Tensor>& grads,
                                                                            const at::Tensor& x,
                                                                            const std::vector<at::Tensor>& atts,
-                                                                           bool x_grad, bool att_grad);
+                                                                           bool x_grad, bool att_grad,
+                                                                           const at::Tensor& dx_into = at::Tensor());
 
 }  // namespace edgedot

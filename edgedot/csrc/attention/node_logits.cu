@@ -63,11 +63,12 @@ __global__ void node_logits_kernel(Rows x, int64_t heads, int64_t dim, SidePoint
 }
 
 // Block b takes `rows` rows from b * rows; a thread per (h, c) writes dx = sum over sides of
-// grad * att (dx not null) and its share of each side's att gradient, the sum of grad * x over
-// the block's rows (partial not null). A side whose gradient is absent (null) adds nothing.
+// grad * att (dx not null; added to dx's values where accumulate, rounded once) and its share of
+// each side's att gradient, the sum of grad * x over the block's rows (partial not null). A side
+// whose gradient is absent (null) adds nothing.
 template <typename T, typename R, int Sides>
 __global__ void node_logits_backward_kernel(SidePointers<R> grads, const R* att0, const R* att1, Rows x,
-                                            int64_t heads, int64_t dim, T* __restrict__ dx,
+                                            int64_t heads, int64_t dim, T* __restrict__ dx, bool accumulate,
                                             accum_t<T>* __restrict__ partial, int64_t rows) {
   using A = accum_t<T>;
   const T* data = static_cast<const T*>(x.data);
@@ -97,7 +98,8 @@ __global__ void node_logits_backward_kernel(SidePointers<R> grads, const R* att0
         A d = g[0] * a[0];
 #pragma unroll
         for (int k = 1; k < Sides; ++k) d += g[k] * a[k];
-        dx[n * width + hc] = from_accum<T>(d);
+        T& target = dx[n * width + hc];
+        target = from_accum<T>(accumulate ? to_accum(target) + d : d);
       }
     }
     if (partial != nullptr) {
@@ -165,8 +167,8 @@ void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, const LogitSi
 }
 
 void launch_node_logits_backward(const LogitSides& grads, const void* const att[2], const Rows& x, int64_t heads,
-                                 int64_t dim, void* dx, void* partial, void* datt, ScalarKind scalar,
-                                 bool accum_result, cudaStream_t stream) {
+                                 int64_t dim, void* dx, bool accumulate, void* partial, void* datt,
+                                 ScalarKind scalar, bool accum_result, cudaStream_t stream) {
   const int64_t width = heads * dim;
   if (width == 0 || x.num_rows == 0 || (dx == nullptr && datt == nullptr)) return;
   const int64_t blocks = node_logits_blocks(x.num_rows);
@@ -182,7 +184,7 @@ void launch_node_logits_backward(const LogitSides& grads, const void* const att[
       node_logits_backward_kernel<T, R, decltype(sides_constant)::value>
           <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
               pointers, static_cast<const R*>(att[0]), static_cast<const R*>(att[1]), x, heads, dim,
-              static_cast<T*>(dx), datt != nullptr ? static_cast<A*>(partial) : nullptr, rows);
+              static_cast<T*>(dx), accumulate, datt != nullptr ? static_cast<A*>(partial) : nullptr, rows);
     });
     if (datt != nullptr) {
       launch_sum_partials<A, R>(static_cast<const A*>(partial), static_cast<R*>(datt), blocks, grads.count * width,

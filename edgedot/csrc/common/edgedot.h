@@ -464,12 +464,12 @@ void launch_node_logits(const Rows& x, int64_t heads, int64_t dim, const LogitSi
                         bool accum_result, cudaStream_t stream);
 // Their gradients, for grads.in[k] side k's logits' gradient [num_rows, heads] (contiguous, the logits'
 // type; null: zeros) and att[k] its att: dx [num_rows, heads, dim] = sum over k of grad[k] * att[k] in x's
-// type where dx is not null, and att's gradient datt [count, heads, dim] in the logits' type (through
-// partial, [node_logits_blocks(num_rows), count, heads, dim] in the accumulation type) where datt is
-// not null.
+// type where dx is not null (contiguous; with accumulate, added to the values dx holds), and att's
+// gradient datt [count, heads, dim] in the logits' type (through partial,
+// [node_logits_blocks(num_rows), count, heads, dim] in the accumulation type) where datt is not null.
 int64_t node_logits_blocks(int64_t num_rows);
 void launch_node_logits_backward(const LogitSides& grads, const void* const att[2], const Rows& x, int64_t heads,
-                                 int64_t dim, void* dx, void* partial, void* datt, ScalarKind scalar,
-                                 bool accum_result, cudaStream_t stream);
+                                 int64_t dim, void* dx, bool accumulate, void* partial, void* datt,
+                                 ScalarKind scalar, bool accum_result, cudaStream_t stream);
 
 }  // namespace edgedot
