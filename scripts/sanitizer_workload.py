@@ -2,6 +2,7 @@
 import torch
 
 import edgedot
+from edgedot.ops.gat import gat_layer_attention
 
 dev = "cuda"
 for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
@@ -159,6 +160,11 @@ def gat_calls(dt, C, misaligned, p, edge, grouped, H=2, num_src=60, num_dst=50, 
     a_src, a_dst, att = feat(num_src, H), feat(num_dst, H), feat(H, C)
     outs = [edgedot.gat_attention(x, a_src, a_dst, src, dst, a_edge=feat(E, H) if edge else None, **options),
             edgedot.gatv2_attention(x, x_dst, att, src, dst, edge_feat=feat(E, H, C) if edge else None, **options)]
+    # GATConv's one node over x for both sides (its logits inside), att_src and att_dst as [1, H, C].
+    if grouped:
+        options["dst_ptr"] = edgedot.index_to_ptr(dst, num_src)
+    outs.append(gat_layer_attention(x, feat(1, H, C), feat(1, H, C), src, dst, a_edge=feat(E, H) if edge else None,
+                                    **options))
     for out in outs:
         out = out[0] if isinstance(out, tuple) else out
         out.backward(torch.randn_like(out))
