@@ -133,6 +133,12 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     ef = torch.randn(E, H, D, device=dev, dtype=dt)
     attention_calls(q, k, v, ef, src, dst, 0.2, True)
     attention_calls(q, k, v, None, src, dst, 0.0, True, grouped=True)
+    # A residual added by the kernels (the hubs' merges too): rows of a wider tensor, a misaligned bias.
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    for residual in (torch.randn(num_dst, 2, H, D, device=dev, dtype=dt)[:, 1],
+                     torch.randn(H * D + 1, device=dev, dtype=dt)[1:]):
+        out = edgedot.graph_attention(*leaves, src, dst, residual=residual.requires_grad_())
+        out.backward(torch.randn_like(out))
 
 # GAT and GATv2, forward and backward with every input needing a gradient: every dtype; C of one
 # element, 16-byte rows, a misaligned view and the widest; edge terms, dropout and attention
@@ -158,13 +164,16 @@ def gat_calls(dt, C, misaligned, p, edge, grouped, H=2, num_src=60, num_dst=50, 
         return t.requires_grad_()
     x, x_dst = feat(num_src, H, C), feat(num_dst, H, C)
     a_src, a_dst, att = feat(num_src, H), feat(num_dst, H), feat(H, C)
-    outs = [edgedot.gat_attention(x, a_src, a_dst, src, dst, a_edge=feat(E, H) if edge else None, **options),
-            edgedot.gatv2_attention(x, x_dst, att, src, dst, edge_feat=feat(E, H, C) if edge else None, **options)]
+    # Residuals added by the kernels: rows (misaligned with the features), a flat bias, a [H, C] one.
+    outs = [edgedot.gat_attention(x, a_src, a_dst, src, dst, a_edge=feat(E, H) if edge else None,
+                                  residual=feat(num_dst, H, C), **options),
+            edgedot.gatv2_attention(x, x_dst, att, src, dst, edge_feat=feat(E, H, C) if edge else None,
+                                    residual=feat(H * C), **options)]
     # GATConv's one node over x for both sides (its logits inside), att_src and att_dst as [1, H, C].
     if grouped:
         options["dst_ptr"] = edgedot.index_to_ptr(dst, num_src)
     outs.append(gat_layer_attention(x, feat(1, H, C), feat(1, H, C), src, dst, a_edge=feat(E, H) if edge else None,
-                                    **options))
+                                    residual=feat(H, C), **options))
     for out in outs:
         out = out[0] if isinstance(out, tuple) else out
         out.backward(torch.randn_like(out))

@@ -118,16 +118,16 @@ class _GATBase(Projections, MessagePassing):
         else:
             self.register_parameter("bias", None)
 
-    def _finish(self, out: Tensor, res: OptTensor) -> Tensor:
+    def _finish(self, out: Tensor, res: OptTensor, bias_added: bool = False) -> Tensor:
         """``[N, H, C]`` attention output -> the layer's output: heads concatenated (or
-        averaged), plus the residual and the bias."""
+        averaged), plus the residual and the bias (unless ``bias_added``: by the attention)."""
         if self.concat:
             out = out.reshape(-1, self.heads * self.out_channels)
         else:
             out = out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None:
+        if self.bias is not None and not bias_added:
             out = self._add_bias(out, self.bias)
         return out
 
@@ -254,19 +254,21 @@ class _GATBase(Projections, MessagePassing):
         dropout_p = self.dropout if self.training else 0.0
         device = tensors[0].device
         rng_state = next_dropout_state(device) if want_alpha and dropout_p > 0 else None
+        # On CUDA the attention kernel adds the bias of concatenated heads as it stores its output.
+        bias = self.bias if (self.bias is not None and res is None and self.concat and device.type == "cuda"
+                             and self.bias.dtype == tensors[0].dtype) else None
         out = None
         if adj.checked and device.type == "cpu":
             out = checked_graph.attend(op, tensors, adj.src, adj.dst, num_src, num_dst, self.negative_slope, dropout_p,
                                        want_alpha)
         if out is None:
             out = op(*tensors[:3], adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
-                     dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha,
+                     dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, residual=bias,
                      **{edge_name: tensors[3]})
             out = out if want_alpha else (out, None)
         out, alpha = out
-        if not want_alpha:
-            return self._finish(out, res)
-        return self._finish(out, res), self._weights(edge_index, alpha, rng_state, adj.src.shape[0])
+        out = self._finish(out, res, bias is not None)
+        return (out, self._weights(edge_index, alpha, rng_state, adj.src.shape[0])) if want_alpha else out
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -218,6 +218,12 @@ class TransformerConv(Projections, MessagePassing):
             edge_feat = None if edge_feat is None else edge_feat.float()
         want_alpha = isinstance(return_attention_weights, bool)
         dropout_p = self.dropout if self.training else 0.0
+        residual = None
+        if query.is_cuda and self.concat and self.root_weight and self.lin_beta is None and self._plain(["lin_skip"]):
+            # The skip connection added by the attention kernel as it stores its output.
+            skip = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
+            if skip.dtype == query.dtype:
+                residual = skip.view(-1, self.heads, self.out_channels)
         out = None
         if adj.checked and plan is None and query.device.type == "cpu":  # past the op's checks: see checked_graph
             out = checked_graph.attend(graph_attention, (query, key, value, edge_feat), adj.src, adj.dst,
@@ -226,10 +232,11 @@ class TransformerConv(Projections, MessagePassing):
         if out is None:
             out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat, dropout_p=dropout_p,
                                   plan=plan, dst_ptr=adj.dst_ptr if plan is None else None,
-                                  check_indices=not adj.checked, return_attention=want_alpha)
+                                  check_indices=not adj.checked, return_attention=want_alpha, residual=residual)
             out = out if want_alpha else (out, None)
         out, alpha = out
-        out = self._combine(out, x_dst, skip)
+        out = out.reshape(-1, self.heads * self.out_channels) if residual is not None else \
+            self._combine(out, x_dst, skip)
         return (out, attention_weights(edge_index, alpha)) if want_alpha else out
 
     def _scripted_attention(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: OptTensor,

@@ -47,8 +47,24 @@ _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 # ------------------------------------------------------------------------------ the public function
 
 
+# The residual argument of the attention functions, as their docstrings describe it.
+RESIDUAL_DOC = """optional tensor added to ``out``, in the inputs' dtype: of ``out``'s shape (a
+            skip connection), or of its row's (``[H, C]`` or flat ``[H * C]``) added to every row
+            (a bias). On CUDA the kernel adds it as it stores ``out`` (rounded once, no pass of its
+            own); elsewhere it is an add after the attention."""
+
+
+def with_residual_doc(function):
+    """``function`` with :data:`RESIDUAL_DOC` written into its docstring (absent under ``-OO``)."""
+    if function.__doc__:
+        function.__doc__ = function.__doc__.replace("{residual}", RESIDUAL_DOC)
+    return function
+
+
+@with_residual_doc
 def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dropout_p=0.0, generator=None,
-                    plan=None, dst_ptr=None, deterministic=None, check_indices=True, return_attention=False):
+                    plan=None, dst_ptr=None, deterministic=None, check_indices=True, return_attention=False,
+                    residual=None):
     """Multi-head softmax attention over the edges of a graph (PyG's ``TransformerConv``).
 
     For each edge ``e`` from ``s = src_idx[e]`` to ``n = dst_idx[e]`` and head ``h``::
@@ -122,19 +138,40 @@ def graph_attention(q, k, v, src_idx, dst_idx, *, scale=None, edge_feat=None, dr
             source makes its destination's output NaN, an out-of-range destination drops its
             edge, and a wrong ``dst_ptr`` makes the destinations concerned NaN.
         return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable).
+        residual: {residual}
 
     Returns:
-        ``out`` ``[Nd, H, Dv]`` in the inputs' dtype, differentiable in ``q``, ``k``, ``v``
-        and ``edge_feat``; ``(out, alpha)`` with ``return_attention=True``.
+        ``out`` ``[Nd, H, Dv]`` in the inputs' dtype, differentiable in ``q``, ``k``, ``v``,
+        ``edge_feat`` and ``residual``; ``(out, alpha)`` with ``return_attention=True``.
     """
     check_inputs(q, k, v, src_idx, dst_idx, edge_feat)
     scale = _check_scale(q, scale)
     check_options(q.device, dropout_p, generator, plan, check_indices, return_attention, deterministic)
+    residual = check_residual(residual, q, q.shape[0], q.shape[1], v.shape[2])
     groups, check_indices = edge_groupings(plan, dst_ptr, k, q, src_idx, dst_idx, check_indices, (k, v))
     out, _, alpha = eager.call(graph_attention_op, _GraphAttentionFunction, q, k, v, edge_feat, src_idx, dst_idx,
                                *groups, float(scale), float(dropout_p), generator, return_attention,
-                               check_indices)[:3]
+                               check_indices, residual=residual)[:3]
     return (out, alpha) if return_attention else out
+
+
+def check_residual(residual, like, num_dst, heads, channels):
+    """``residual`` as the attention functions take it (None, or a tensor of ``like``'s dtype and
+    device, ``[num_dst, heads, channels]``, ``[heads, channels]`` or ``[heads * channels]``), with
+    unit stride on its last dim; raises TypeError / ValueError naming it otherwise."""
+    if residual is None:
+        return None
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a tensor, got {type(residual).__name__}")
+    if residual.dtype != like.dtype:
+        raise TypeError(f"residual must have the output's dtype {like.dtype}, got {residual.dtype}")
+    if residual.device != like.device:
+        raise ValueError(f"residual is on {residual.device} but the features are on {like.device}")
+    shapes = ((num_dst, heads, channels), (heads, channels), (heads * channels,))
+    if tuple(residual.shape) not in shapes:
+        raise ValueError(f"residual must be [Nd, H, C] = {list(shapes[0])}, or a bias [H, C] = {list(shapes[1])} or "
+                         f"[H * C] = {list(shapes[2])}, got shape {tuple(residual.shape)}")
+    return residual if residual.stride(-1) == 1 else residual.contiguous()
 
 
 def _check_scale(q, scale):
@@ -545,11 +582,12 @@ def cuda_autograd(name, check_graph):
     """The eager CUDA call with gradients of a forward op of graph attention's form (arguments
     checked): ``check_graph(*args)`` where ``check_indices``, then the extension's ``name`` (the
     forward under a C++ autograd node, csrc/attention/autograd.cpp), which takes
-    :data:`BACKWARD_RECORDS` in place of ``check_indices``."""
-    def call(*args):
+    :data:`BACKWARD_RECORDS` in place of ``check_indices``, and ``residual`` (added to the output as
+    the kernel stores it: :func:`edgedot.runtime.eager.call`)."""
+    def call(*args, residual=None):
         if args[-1]:
             check_graph(*args)
-        return getattr(cuda_module(), name)(*args[:-1], BACKWARD_RECORDS)
+        return getattr(cuda_module(), name)(*args[:-1], BACKWARD_RECORDS, residual)
     return call
 
 

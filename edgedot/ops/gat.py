@@ -28,7 +28,7 @@ from ..runtime.build import cuda_module
 from ..runtime.checks import FEATURE_DTYPES, check_indices_pair
 from . import attention as attention_ops
 from .attention import (CUDA_MAX_DIM, MAX_ATTENTION_ROWS, MAX_EDGES, _grouping, backward_groupings, check_options,
-                        cuda_autograd, draw_cpu, edge_groupings, forward_fake, setup_context)
+                        check_residual, cuda_autograd, draw_cpu, edge_groupings, forward_fake, setup_context)
 from .attention import _check_graph as _check_edges
 from .node_logits import gat_node_logit_sides
 
@@ -60,7 +60,8 @@ _OPTIONS = """dropout_p: dropout on ``alpha`` without renormalisation (PyG's sem
             as :func:`edgedot.graph_attention` does (on CUDA without a wait for the device: the
             error is raised by a later edgedot call, at the latest by
             :func:`edgedot.wait_for_checks`; the CPU checks during the call).
-        return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable)."""
+        return_attention: also return ``alpha`` ``[E, H]`` (before dropout, not differentiable).
+        residual: """ + attention_ops.RESIDUAL_DOC
 
 
 def _with_options(function):
@@ -72,7 +73,7 @@ def _with_options(function):
 
 @_with_options
 def gat_attention(x, a_src, a_dst, src_idx, dst_idx, *, a_edge=None, negative_slope=0.2, dropout_p=0.0,
-                  generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False):
+                  generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False, residual=None):
     """GAT attention (PyG's ``GATConv``) over the edges of a graph.
 
     For each edge ``e`` from ``s = src_idx[e]`` to ``n = dst_idx[e]`` and head ``h``::
@@ -95,7 +96,7 @@ def gat_attention(x, a_src, a_dst, src_idx, dst_idx, *, a_edge=None, negative_sl
 
     Returns:
         ``out`` ``[Nd, H, C]`` in the inputs' dtype, differentiable in ``x``, ``a_src``,
-        ``a_dst`` and ``a_edge``; ``(out, alpha)`` with ``return_attention=True``.
+        ``a_dst``, ``a_edge`` and ``residual``; ``(out, alpha)`` with ``return_attention=True``.
 
     A node without incoming edges gets zeros. A node whose every score is ``-inf`` or NaN gets
     NaN; an edge of weight exactly 0 adds nothing to any gradient, so the gradients are finite
@@ -103,13 +104,15 @@ def gat_attention(x, a_src, a_dst, src_idx, dst_idx, *, a_edge=None, negative_sl
     scores from a per-node log-sum-exp, keeping only ``O(Nd * H)`` floats from the forward.
     """
     check_gat_inputs(x, a_src, a_dst, a_edge, src_idx, dst_idx)
+    residual = check_residual(residual, x, a_dst.shape[0], x.shape[1], x.shape[2])
     return _attend(gat_attention_op, (x, a_src, a_dst, a_edge), a_dst, src_idx, dst_idx, negative_slope, dropout_p,
-                   generator, plan, dst_ptr, check_indices, return_attention)
+                   generator, plan, dst_ptr, check_indices, return_attention, residual)
 
 
 @_with_options
 def gatv2_attention(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=None, negative_slope=0.2, dropout_p=0.0,
-                    generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False):
+                    generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False,
+                    residual=None):
     """GATv2 attention (PyG's ``GATv2Conv``) over the edges of a graph.
 
     For each edge ``e`` from ``s = src_idx[e]`` to ``n = dst_idx[e]`` and head ``h``::
@@ -136,21 +139,24 @@ def gatv2_attention(x_src, x_dst, att, src_idx, dst_idx, *, edge_feat=None, nega
 
     Returns:
         ``out`` ``[Nd, H, C]`` in the inputs' dtype, differentiable in ``x_src``, ``x_dst``,
-        ``att`` and ``edge_feat``; ``(out, alpha)`` with ``return_attention=True``.
+        ``att``, ``edge_feat`` and ``residual``; ``(out, alpha)`` with ``return_attention=True``.
 
     Non-finite scores, reproducibility and memory as in :func:`gat_attention`.
     """
     check_gatv2_inputs(x_src, x_dst, att, edge_feat, src_idx, dst_idx)
+    residual = check_residual(residual, x_src, x_dst.shape[0], x_src.shape[1], x_src.shape[2])
     return _attend(gatv2_attention_op, (x_src, x_dst, att, edge_feat), x_dst, src_idx, dst_idx, negative_slope,
-                   dropout_p, generator, plan, dst_ptr, check_indices, return_attention)
+                   dropout_p, generator, plan, dst_ptr, check_indices, return_attention, residual)
 
 
 def gat_layer_attention(x, att_src, att_dst, src_idx, dst_idx, *, a_edge=None, negative_slope=0.2, dropout_p=0.0,
-                        generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False):
+                        generator=None, plan=None, dst_ptr=None, check_indices=True, return_attention=False,
+                        residual=None):
     """:func:`gat_attention` over one ``x`` ``[N, H, C]`` for both sides with its own logits:
     ``a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)`` (``GATConv`` on one node set);
     the same outputs and gradients, in ``x``, ``att_src``, ``att_dst`` (each of ``H * C``
-    elements, any shape) and ``a_edge``. The options are :func:`gat_attention`'s. Float tensors of
+    elements, any shape), ``a_edge`` and ``residual``. The options and ``residual`` are
+    :func:`gat_attention`'s. Float tensors of
     different dtypes are computed in their promoted dtype, as PyG's layer computes them under
     autocast (``x`` in the autocast dtype, the attention vectors float32).
 
@@ -158,17 +164,19 @@ def gat_layer_attention(x, att_src, att_dst, src_idx, dst_idx, *, a_edge=None, n
     attention are one autograd node (csrc/attention/autograd.cpp, ``GatLayerFunction``): no op
     call between them, and the backward adds the logits' ``dx`` into the attention's inside the
     logits' kernel, rounded once. Elsewhere it is the two ops."""
-    if not _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx):
+    if not _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx, residual):
         a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)  # in the promoted dtype
         dtype = a_src.dtype
-        if isinstance(a_edge, torch.Tensor):
-            dtype = torch.promote_types(dtype, a_edge.dtype)
-            a_edge = a_edge.to(dtype)
+        for t in (a_edge, residual):
+            if isinstance(t, torch.Tensor) and t.dtype in FEATURE_DTYPES:
+                dtype = torch.promote_types(dtype, t.dtype)
+        a_edge, residual = (t.to(dtype) if isinstance(t, torch.Tensor) else t for t in (a_edge, residual))
         return gat_attention(x.to(dtype), a_src.to(dtype), a_dst.to(dtype), src_idx, dst_idx, a_edge=a_edge,
                              negative_slope=negative_slope,
                              dropout_p=dropout_p, generator=generator, plan=plan, dst_ptr=dst_ptr,
-                             check_indices=check_indices, return_attention=return_attention)
+                             check_indices=check_indices, return_attention=return_attention, residual=residual)
     _check_layer_inputs(x, att_src, att_dst, a_edge, src_idx, dst_idx)
+    residual = check_residual(residual, x, x.shape[0], x.shape[1], x.shape[2])
     _check_slope(negative_slope)
     check_options(x.device, dropout_p, generator, plan, check_indices, return_attention)
     groups, check_indices = edge_groupings(plan, dst_ptr, x, x, src_idx, dst_idx, check_indices, [x, att_src])
@@ -176,14 +184,14 @@ def gat_layer_attention(x, att_src, att_dst, src_idx, dst_idx, *, a_edge=None, n
         _check_edges(x, x, src_idx, dst_idx, groups[0], groups[1])
     out, _, alpha, _ = cuda_module().gat_layer_attention_autograd(
         x, att_src, att_dst, a_edge, src_idx, dst_idx, *groups, float(negative_slope), float(dropout_p), generator,
-        return_attention, attention_ops.BACKWARD_RECORDS)
+        return_attention, attention_ops.BACKWARD_RECORDS, residual)
     return (out, alpha) if return_attention else out
 
 
-def _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx):
+def _one_node(x, att_src, att_dst, a_edge, src_idx, dst_idx, residual):
     """Whether :func:`gat_layer_attention` takes its one C++ node: tensors (else the two ops'
     checks name the argument) of one float dtype on CUDA, a gradient wanted, plain eager."""
-    tensors = (x, att_src, att_dst, src_idx, dst_idx) + (() if a_edge is None else (a_edge,))
+    tensors = (x, att_src, att_dst, src_idx, dst_idx) + tuple(t for t in (a_edge, residual) if t is not None)
     if not all(isinstance(t, torch.Tensor) for t in tensors) or not x.is_cuda or not torch.is_grad_enabled():
         return False
     floats = tensors[:3] + tensors[5:]
@@ -208,7 +216,7 @@ def _check_layer_inputs(x, att_src, att_dst, a_edge, src_idx, dst_idx):
 
 
 def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, generator, plan, dst_ptr,
-            check_indices, return_attention):
+            check_indices, return_attention, residual):
     """The options' checks, the edges' groupings and the call of ``op`` on ``tensors`` (checked
     already; the first is the source features, ``dst_rows`` has a row per destination)."""
     _check_slope(negative_slope)
@@ -216,7 +224,8 @@ def _attend(op, tensors, dst_rows, src_idx, dst_idx, negative_slope, dropout_p, 
     groups, check_indices = edge_groupings(plan, dst_ptr, tensors[0], dst_rows, src_idx, dst_idx, check_indices,
                                            [tensors[i] for i in _SOURCE_INPUTS[op]])
     out, _, alpha, _ = eager.call(op, _EAGER_FUNCTIONS[op], *tensors, src_idx, dst_idx, *groups,
-                                  float(negative_slope), float(dropout_p), generator, return_attention, check_indices)
+                                  float(negative_slope), float(dropout_p), generator, return_attention, check_indices,
+                                  residual=residual)
     return (out, alpha) if return_attention else out
 
 

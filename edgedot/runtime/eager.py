@@ -128,24 +128,43 @@ def plain_eager(*tensors):
     return all(type(t) in _PLAIN_TYPES and not _is_wrapped(t) for t in tensors)
 
 
-def call(op, function, *args):
+def call(op, function, *args, residual=None):
     """``op(*args)``, through ``function`` (:func:`register_autograd`'s for ``op``; on CUDA its
     ``cuda_call`` where it has one) when the call is plain eager autograd: gradients on, some input
     requiring one, not traced (torch.compile, torch.jit.trace), and every tensor argument a plain
     ``torch.Tensor`` (no subclass, no functorch wrapper); a plain eager call with nothing to
-    differentiate dispatches below Autograd."""
+    differentiate dispatches below Autograd.
+
+    ``residual`` (checked by the caller: ``[N, H, C]`` like the op's first output, or a bias of
+    ``H x C`` elements for every row) is added to that output. A plain eager CUDA call takes
+    ``cuda_call(*args, residual=residual)`` with or without gradients: the extension's node adds it
+    as the kernel stores the output. Elsewhere it is an add after the op."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return op(*args)
+        return add_residual(op(*args), residual)
     wants_grad = False
     for arg in args:
         if isinstance(arg, torch.Tensor):
             if type(arg) is not torch.Tensor or _is_wrapped(arg):
-                return op(*args)
+                return add_residual(op(*args), residual)
             wants_grad = wants_grad or arg.requires_grad
-    if wants_grad and torch.is_grad_enabled():
-        cuda_call = getattr(function, "cuda_call", None)
-        if cuda_call is not None and args[0].is_cuda:
+    plain_residual = residual is not None and type(residual) in _PLAIN_TYPES and not _is_wrapped(residual)
+    cuda_call = getattr(function, "cuda_call", None)
+    if cuda_call is not None and args[0].is_cuda:
+        if plain_residual:
+            return cuda_call(*args, residual=residual)
+        if residual is None and wants_grad and torch.is_grad_enabled():
             return cuda_call(*args)
-        return _checked(function.apply, *args)
+    if wants_grad and torch.is_grad_enabled():
+        return add_residual(_checked(function.apply, *args), residual)
     with torch._C._AutoDispatchBelowAutograd():  # no gradient to record: the wrapper would do the same
-        return _checked(op, *args)
+        outputs = _checked(op, *args)
+    return add_residual(outputs, residual)
+
+
+def add_residual(outputs, residual):
+    """An op's ``outputs`` with ``residual`` (None: nothing) added to the first, as :func:`call` adds
+    it where no C++ node does (a bias of ``H x C`` elements broadcast over its rows)."""
+    if residual is None:
+        return outputs
+    out = outputs[0]
+    return (out + (residual if residual.dim() == 3 else residual.reshape(out.shape[1:])),) + tuple(outputs[1:])

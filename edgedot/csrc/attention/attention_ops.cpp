@@ -58,6 +58,31 @@ PackedGradsScope::PackedGradsScope() : outer_(packed_grads_scope) { packed_grads
 PackedGradsScope::~PackedGradsScope() { packed_grads_scope = outer_; }
 bool PackedGradsScope::active() { return packed_grads_scope; }
 
+namespace {
+thread_local ResidualScope* residual_scope = nullptr;
+}  // namespace
+
+ResidualScope::ResidualScope(at::Tensor residual) : residual_(std::move(residual)), outer_(residual_scope) {
+  residual_scope = this;
+}
+ResidualScope::~ResidualScope() { residual_scope = outer_; }
+
+Rows ResidualScope::rows(const at::Tensor& like, int64_t num_dst, int64_t heads, int64_t dim) {
+  if (residual_scope == nullptr || !residual_scope->residual_.defined()) return Rows{};
+  const at::Tensor& r = residual_scope->residual_;
+  TORCH_CHECK_VALUE(r.scalar_type() == like.scalar_type() && r.device() == like.device(),
+                    message("edgedot: residual must be ", like.scalar_type(), " on ", like.device(), ", got ",
+                            r.scalar_type(), " on ", r.device()));
+  const bool shaped = r.sizes() == at::IntArrayRef({num_dst, heads, dim}) ||
+                      r.sizes() == at::IntArrayRef({heads, dim}) || r.sizes() == at::IntArrayRef({heads * dim});
+  TORCH_CHECK_VALUE(shaped && (r.stride(-1) == 1 || r.size(-1) == 1),
+                    message("edgedot: residual must be [", num_dst, ", ", heads, ", ", dim, "], [", heads, ", ", dim,
+                            "] or [", heads * dim, "] with unit stride on the last dim, got ", r.sizes(), " strides ",
+                            r.strides()));
+  if (r.dim() == 3) return attention_rows(r);
+  return Rows{r.data_ptr(), num_dst, 0, r.dim() == 2 ? r.stride(0) : dim};  // a bias: one row for all
+}
+
 // A grouping built by edgedot.runtime.plan.build_side (group given), or edges given grouped by the rows of
 // row_idx with offsets their CSR pointer (group absent): position i is then edge i.
 AttentionGrouping attention_grouping(const c10::optional<at::Tensor>& group, const at::Tensor& offsets,
@@ -315,6 +340,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward_sca
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
+  args.residual = ResidualScope::rows(q, num_dst, in.heads, in.dim_v);
   const std::vector<void*> parts = attention_partials({{&args.dst_chunks, in.dim_v}, {&args.dst_chunks, 2}},
                                                       in.heads, q, keep);
   args.part_acc = parts[0];
@@ -371,6 +397,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   args.in = in;
   args.grad_out = attention_rows(grad_out);
   args.out = attention_rows(out);
+  args.residual = ResidualScope::rows(q, num_dst, in.heads, in.dim_v);
   args.lse = lse.data_ptr();
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, num_edges, num_dst, q, "dst");
   args.dst_chunks = attention_dst_chunks(dst_offsets, num_dst, num_edges, in.heads, in.dim, in.dim_v, scalar, keep);

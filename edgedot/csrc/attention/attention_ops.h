@@ -98,6 +98,26 @@ class PackedGradsScope {
   bool outer_;
 };
 
+// While one lives on a thread, the attention forwards there add `residual` to their output as they
+// store it (rounded once), and the backwards take their `out` to hold that sum (delta = <grad_out,
+// out - residual>): the eager autograd node's calls (attention/autograd.cpp), whose outputs only
+// autograd sees. An undefined residual adds nothing.
+class ResidualScope {
+ public:
+  explicit ResidualScope(at::Tensor residual);
+  ~ResidualScope();
+  ResidualScope(const ResidualScope&) = delete;
+  ResidualScope& operator=(const ResidualScope&) = delete;
+  // The thread's residual as the kernels' rows for an output [num_dst, heads, dim] of `like`'s
+  // dtype and device (data null: none). It must be [num_dst, heads, dim], or [heads, dim] or
+  // [heads * dim] (added to every row: a bias), with unit stride on the last dim.
+  static Rows rows(const at::Tensor& like, int64_t num_dst, int64_t heads, int64_t dim);
+
+ private:
+  at::Tensor residual_;
+  ResidualScope* outer_;
+};
+
 // ---- The extension's functions ----
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_forward(

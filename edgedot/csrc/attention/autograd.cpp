@@ -35,9 +35,10 @@ using BackwardOp = Outputs(const Tensor&, const Tensor&, const Tensor&, const Te
 
 // The forward's arguments (AttentionAutograd's), and the positions of those saved for the backward
 // (an op's own intermediates follow, from kKept).
-constexpr size_t kNumArguments = 15;
+constexpr size_t kNumArguments = 16;
+constexpr size_t kResidualArgument = 15;
 enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng,
-             kKept };
+             kResidual, kKept };
 
 OptionalTensor present(const Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
@@ -82,12 +83,13 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
                                Tensor src_idx, Tensor dst_idx, OptionalTensor dst_group, OptionalTensor dst_offsets,
                                OptionalTensor src_group, OptionalTensor src_offsets, double score_arg,
                                double dropout_p, c10::optional<at::Generator> generator, bool return_attention,
-                               bool records) {
+                               bool records, OptionalTensor residual) {
     // Every caller (ops/attention.py's edge_groupings) has grouped the edges by destination.
     TORCH_CHECK(dst_offsets.has_value(), "edgedot: the CUDA autograd path needs the destination grouping");
     const Tensor offsets = dst_offsets->to(at::kLong).contiguous();  // a dst_ptr may be int32
     KernelInputs in = Op::forward_inputs(a, b, c);
     const DstScheduleScope schedule;  // kept for the backward, which takes it instead of building it again
+    const ResidualScope epilogue(residual.value_or(Tensor()));  // out = attention + residual, stored at once
     auto [out, lse, alpha, rng_state] = Op::kForward(in.a, in.b, in.c, edge, src_idx.contiguous(),
                                                      dst_idx.contiguous(), dst_group, offsets, score_arg, dropout_p,
                                                      generator, return_attention);
@@ -96,7 +98,8 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
     ctx->mark_non_differentiable({lse, alpha, rng_state});
     ctx->set_materialize_grads(false);  // no zeros of E x H for alpha's absent gradient
     variable_list saved{a, b, c, edge.value_or(Tensor()), out, lse, src_idx, dst_idx, dst_group.value_or(Tensor()),
-                        offsets, src_group.value_or(Tensor()), src_offsets.value_or(Tensor()), rng_state};
+                        offsets, src_group.value_or(Tensor()), src_offsets.value_or(Tensor()), rng_state,
+                        residual.value_or(Tensor())};
     saved.insert(saved.end(), in.kept.begin(), in.kept.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["score_arg"] = score_arg;
@@ -122,7 +125,12 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
       // A backward recording a graph (create_graph): the backward op, with PyTorch's autograd for it.
       static const auto op =
           c10::Dispatcher::singleton().findSchemaOrThrow(Op::kBackwardOp, "").template typed<BackwardOp>();
-      grads_in = op.call(grad_out, in.a, in.b, in.c, present(s[kEdge]), s[kOut], s[kLse], s[kSrcIdx], s[kDstIdx],
+      // The op's out is the attention's own: without the residual.
+      const Tensor& residual = s[kResidual];
+      const Tensor out = !residual.defined() ? s[kOut]
+                         : residual.dim() == 3 ? s[kOut] - residual
+                                               : s[kOut] - residual.reshape({s[kOut].size(1), s[kOut].size(2)});
+      grads_in = op.call(grad_out, in.a, in.b, in.c, present(s[kEdge]), out, s[kLse], s[kSrcIdx], s[kDstIdx],
                          present(s[kDstGroup]), s[kDstOffsets], present(s[kSrcGroup]), present(s[kSrcOffsets]),
                          score_arg, dropout_p, s[kRng], edge_grad, source_grad);
     } else {
@@ -134,6 +142,7 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
       }
       const PackedGradsScope packed;  // the gradients go to autograd only
       const DstScheduleScope schedule(ctx->saved_data["dst_schedule"].toTensor(), ctx->saved_data["dst_chunk"].toInt());
+      const ResidualScope epilogue(s[kResidual]);  // out holds the attention plus it
       grads_in = Op::kBackward(grad_out, in.a, in.b, in.c, present(s[kEdge]), s[kOut], s[kLse],
                                s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
                                s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],
@@ -144,6 +153,10 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
                               &std::get<3>(grads_in)};
     for (size_t i = 0; i < 4; ++i) {
       if (i < kEdge || s[kEdge].defined()) result[i] = ctx->needs_input_grad(i) ? *wanted[i] : Tensor();
+    }
+    const Tensor& residual = s[kResidual];
+    if (residual.defined() && ctx->needs_input_grad(kResidualArgument)) {
+      result[kResidualArgument] = residual.dim() == 3 ? grad_out : bias_grad(grad_out, residual);
     }
     return result;
   }
@@ -270,9 +283,10 @@ template <class Function>
 std::vector<Tensor> apply_attention(Tensor a, Tensor b, Tensor c, OptionalTensor edge, Tensor src_idx, Tensor dst_idx,
                                     OptionalTensor dst_group, OptionalTensor dst_offsets, OptionalTensor src_group,
                                     OptionalTensor src_offsets, double score_arg, double dropout_p,
-                                    c10::optional<at::Generator> generator, bool return_attention, bool records) {
+                                    c10::optional<at::Generator> generator, bool return_attention, bool records,
+                                    OptionalTensor residual) {
   return Function::apply(a, b, c, edge, src_idx, dst_idx, dst_group, dst_offsets, src_group, src_offsets, score_arg,
-                         dropout_p, generator, return_attention, records);
+                         dropout_p, generator, return_attention, records, residual);
 }
 
 }  // namespace

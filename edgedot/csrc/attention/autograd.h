@@ -11,13 +11,15 @@
 namespace edgedot {
 
 // The forward op's arguments (edgedot::graph_attention, gat_attention, gatv2_attention, in that
-// order; check_indices replaced by `records`, BACKWARD_RECORDS of edgedot/ops/attention.py):
-// (out, lse, alpha, rng_state), out differentiable in the four feature tensors.
+// order; check_indices replaced by `records`, BACKWARD_RECORDS of edgedot/ops/attention.py), then
+// `residual`, added to out as it is stored ([Nd, H, C], or a bias [H, C] or [H * C] for every row, of
+// the features' dtype; ResidualScope of attention/attention_ops.h): (out, lse, alpha, rng_state), out
+// differentiable in the four feature tensors and the residual.
 using AttentionAutograd = std::vector<at::Tensor>(
     at::Tensor a, at::Tensor b, at::Tensor c, c10::optional<at::Tensor> edge, at::Tensor src_idx, at::Tensor dst_idx,
     c10::optional<at::Tensor> dst_group, c10::optional<at::Tensor> dst_offsets, c10::optional<at::Tensor> src_group,
     c10::optional<at::Tensor> src_offsets, double score_arg, double dropout_p, c10::optional<at::Generator> generator,
-    bool return_attention, bool records);
+    bool return_attention, bool records, c10::optional<at::Tensor> residual);
 
 extern AttentionAutograd* const graph_attention_autograd;
 extern AttentionAutograd* const gat_attention_autograd;

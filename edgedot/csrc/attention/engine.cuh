@@ -291,6 +291,7 @@ struct MergeTarget {
   T* out;
   accum_t<T>* lse;
   int pack = 1;  // a sum's out rows of heads x dim lie this many such rows apart (store_grad_row)
+  Rows plus{};   // a softmax's residual, added to each merged row (data null: none)
 };
 
 // The most sum merges one launch takes: a backward's (graph attention's dq, dk and dv; GAT's da_dst,
@@ -315,7 +316,7 @@ struct MergeList {
 // partials' softmax-weighted sum and lse; sums (the backward's), each target's partials summed.
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
-                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream);
+                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, const Rows& plus, cudaStream_t stream);
 template <typename T>
 void launch_merge_sums(const MergeList<T>& merges, int64_t heads, cudaStream_t stream);
 
@@ -585,10 +586,13 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
     // A destination with edges that all score -inf has no softmax: NaN, as in PyTorch.
     if (w.end > w.begin && !(l > 0)) bad = true;
     T* out_row = out + unit * dim_v;
+    const T* plus = a.residual.data != nullptr ? row_head<T>(a.residual, w.row, h) : nullptr;
     if (bad) {
-      store_row(out_row, t, vvec, nan, acc);
+      store_row_plus(out_row, t, vvec, nan, acc, plus);
     } else if (l > 0) {
-      store_row(out_row, t, vvec, A(1) / l, acc);
+      store_row_plus(out_row, t, vvec, A(1) / l, acc, plus);
+    } else if (plus != nullptr) {
+      store_row_plus(out_row, t, vvec, A(0), acc, plus);  // acc is zero: the residual alone
     } else {
       store_zero_row<T, VEC, NV>(out_row, t, vvec);
     }
@@ -632,7 +636,12 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
       side.begin(in, t, n, h);
       load_widened(dout, row_head<T>(a.grad_out, n, h), t, vvec);
       load_widened(out, row_head<T>(a.out, n, h), t, vvec);
-      delta = t.sum(lane_dot(dout, out));
+      A dot = lane_dot(dout, out);
+      if (a.residual.data != nullptr) {  // out holds the attention's output plus the residual
+        load_widened(out, row_head<T>(a.residual, n, h), t, vvec);
+        dot -= lane_dot(dout, out);
+      }
+      delta = t.sum(dot);
     }
     if (w.lead && t.lane == 0) delta_out[unit] = delta;
     const A lse = lse_in[unit];
@@ -798,7 +807,7 @@ void launch_forward(const typename Score::ForwardArgs& a, ScalarKind scalar, cud
       if (a.dst_chunks.first_chunk != nullptr) {
         launch_merge_softmax<T>(a.dst_chunks, in.heads, Score::dim_v(in), static_cast<const A*>(a.part_acc),
                                 static_cast<const A*>(a.part_ml), static_cast<T*>(a.out), static_cast<A*>(a.lse),
-                                stream);
+                                a.residual, stream);
       }
       if (a.alpha != nullptr) run(true);
     });

@@ -124,6 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_forward_run(
   args.out = out.data_ptr();
   args.lse = lse.data_ptr();
   args.alpha = return_attention ? alpha.data_ptr() : nullptr;
+  args.residual = ResidualScope::rows(x, in.num_dst, in.heads, in.dim);
   const std::vector<void*> parts = attention_partials({{&args.dst_chunks, in.dim}, {&args.dst_chunks, 2}}, in.heads,
                                                       x, keep);
   args.part_acc = parts[0];
@@ -163,6 +164,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   args.in = in;
   args.grad_out = attention_rows(grad_out);
   args.out = attention_rows(out);
+  args.residual = ResidualScope::rows(x, num_dst, heads, dim);
   args.lse = lse.data_ptr();
   args.dst = attention_grouping(dst_group, dst_offsets, dst_idx, src_idx, in.num_edges, num_dst, x, "dst");
   args.dst_chunks = attention_dst_chunks(dst_offsets, num_dst, in.num_edges, heads, dim, dim, scalar, keep);

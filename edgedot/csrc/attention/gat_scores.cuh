@@ -51,7 +51,8 @@ struct GatFamily : RecordsPolicy {
   template <typename T>
   static bool vectorizable(const ForwardArgs& a) {
     const Inputs& in = a.in;
-    return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim}},
+    return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim},
+                                      {&a.residual, in.dim}},
                                      {a.out});
   }
   template <typename T>
@@ -59,7 +60,7 @@ struct GatFamily : RecordsPolicy {
     const Inputs& in = a.in;
     // GAT's dst_grad and edge_grad are scalars, written one at a time.
     return attention_vectorizable<T>({{&in.x, in.dim}, {&in.x_dst, in.dim}, {&in.att, in.dim}, {&in.edge_feat, in.dim},
-                                      {&a.grad_out, in.dim}, {&a.out, in.dim}},
+                                      {&a.grad_out, in.dim}, {&a.out, in.dim}, {&a.residual, in.dim}},
                                      {a.dx, in.v2 ? a.dst_grad : nullptr, a.datt_teams, in.v2 ? a.edge_grad : nullptr});
   }
 

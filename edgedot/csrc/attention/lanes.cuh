@@ -294,4 +294,24 @@ __device__ __forceinline__ void store_row(T* row, const Team& t, int vectors, ac
   store_combination(row, t, vectors, a, x, a, x, false);
 }
 
+// row = a * x + plus, rounded once to T, where plus (a row of the same layout, read-only) is not
+// null: an output epilogue's residual or bias. Else store_row.
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ void store_row_plus(T* row, const Team& t, int vectors, accum_t<T> a,
+                                               const LaneRow<T, VEC, NV>& x, const T* plus) {
+  if (plus == nullptr) {
+    store_row(row, t, vectors, a, x);
+    return;
+  }
+#pragma unroll
+  for (int u = 0; u < NV; ++u) {
+    if (!lane_has<NV>(t, vectors, u)) continue;
+    const VecBits<T, VEC> p = load_bits_ro<T, VEC>(lane_vec<T, VEC>(plus, t, u));
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_accum<T>(fma_accum(a, x.x[u][j], widen(p, j)));
+    *reinterpret_cast<Vec<T, VEC>*>(row + (t.lane + u * t.group) * VEC) = out;
+  }
+}
+
 }  // namespace edgedot

@@ -95,19 +95,23 @@ __device__ __forceinline__ void merge_slots(MergeState<A, kSoftmax, kCols>& s, c
   }
 }
 
-// Writes the merged row of (row, h): softmax: out = acc / l and lse = m + log(l), NaN when a chunk
-// was NaN or every edge scored -inf (a long row has edges); sum: out = acc. NaN either way when the
-// row's slots pass the partial buffers (an inconsistent pointer: its chunks were never computed).
+// Writes the merged row of (row, h): softmax: out = acc / l (+ plus, a softmax target's residual row
+// where not null, rounded once) and lse = m + log(l), NaN when a chunk was NaN or every edge scored
+// -inf (a long row has edges); sum: out = acc. NaN either way when the row's slots pass the partial
+// buffers (an inconsistent pointer: its chunks were never computed).
 template <typename T, bool kSoftmax, int kCols>
 __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftmax, kCols>& s, T* out, accum_t<T>* lse,
-                                             int dim, int lane) {
+                                             const T* plus, int dim, int lane) {
   using A = accum_t<T>;
   const A nan = static_cast<A>(NAN);
   const bool bad = s.bad || (kSoftmax && !(s.l > 0));
   const A factor = bad ? nan : kSoftmax ? A(1) / s.l : A(1);
 #pragma unroll
-  for (int i = 0; i < kCols; ++i)
-    if (lane + 32 * i < dim) out[lane + 32 * i] = from_accum<T>(s.acc[i] * factor);
+  for (int i = 0; i < kCols; ++i) {
+    if (lane + 32 * i >= dim) continue;
+    const A value = plus != nullptr ? fma_accum(s.acc[i], factor, to_accum(plus[lane + 32 * i])) : s.acc[i] * factor;
+    out[lane + 32 * i] = from_accum<T>(value);
+  }
   if (kSoftmax && lane == 0) *lse = bad ? nan : s.m + accurate_log(s.l);
 }
 
@@ -116,6 +120,12 @@ __device__ __forceinline__ void write_merged(const MergeState<accum_t<T>, kSoftm
 template <typename T, bool kSoftmax>
 __device__ __forceinline__ T* merged_row(const MergeTarget<T>& m, int64_t heads, int64_t row, int64_t h) {
   return m.out + ((kSoftmax ? row : row * m.pack) * heads + h) * m.dim;
+}
+
+// A softmax target's residual row of (row, h), or null.
+template <typename T, bool kSoftmax>
+__device__ __forceinline__ const T* merged_plus(const MergeTarget<T>& m, int64_t row, int64_t h) {
+  return kSoftmax && m.plus.data != nullptr ? row_head<T>(m.plus, row, h) : nullptr;
 }
 
 template <typename T, bool kSoftmax>
@@ -161,7 +171,8 @@ __device__ __forceinline__ void merge_target(const MergeTarget<T>& m, int64_t he
     s.bad = last > c.max_slots;
     if (!s.bad) merge_slots<kWarpMergeBatch<A, kCols>>(s, m.part, m.part_ml, heads, h, dim, first, last, 0, 1, lane);
     write_merged<T, kSoftmax, kCols>(s, merged_row<T, kSoftmax>(m, heads, row, h),
-                                     merged_lse<T, kSoftmax>(m, heads, row, h), dim, lane);
+                                     merged_lse<T, kSoftmax>(m, heads, row, h), merged_plus<T, kSoftmax>(m, row, h),
+                                     dim, lane);
   }
 
   int64_t hubs_before = 0;  // hubs listed in earlier passes
@@ -209,7 +220,8 @@ __device__ __forceinline__ void merge_target(const MergeTarget<T>& m, int64_t he
           total.add(kSoftmax ? shared.warp_ml[w][0] : A(0), kSoftmax ? shared.warp_ml[w][1] : A(0), cols, dim, lane);
         }
         write_merged<T, kSoftmax, kCols>(total, merged_row<T, kSoftmax>(m, heads, hub, h),
-                                         merged_lse<T, kSoftmax>(m, heads, hub, h), dim, lane);
+                                         merged_lse<T, kSoftmax>(m, heads, hub, h),
+                                         merged_plus<T, kSoftmax>(m, hub, h), dim, lane);
       }
       __syncthreads();
     }
@@ -265,9 +277,10 @@ void launch_merge(const MergeList<T>& list, int64_t heads, cudaStream_t stream) 
 
 template <typename T>
 void launch_merge_softmax(const RowChunks& c, int64_t heads, int64_t dim, const accum_t<T>* part,
-                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, cudaStream_t stream) {
+                          const accum_t<T>* part_ml, T* out, accum_t<T>* lse, const Rows& plus,
+                          cudaStream_t stream) {
   MergeList<T> list{};
-  list.at[0] = MergeTarget<T>{c, static_cast<int>(dim), part, part_ml, out, lse};
+  list.at[0] = MergeTarget<T>{c, static_cast<int>(dim), part, part_ml, out, lse, 1, plus};
   list.count = 1;
   launch_merge<T, true>(list, heads, stream);
 }
@@ -279,7 +292,7 @@ void launch_merge_sums(const MergeList<T>& merges, int64_t heads, cudaStream_t s
 
 #define EDGEDOT_MERGE(T)                                                                                          \
   template void launch_merge_softmax<T>(const RowChunks&, int64_t, int64_t, const accum_t<T>*, const accum_t<T>*, \
-                                        T*, accum_t<T>*, cudaStream_t);                                           \
+                                        T*, accum_t<T>*, const Rows&, cudaStream_t);                              \
   template void launch_merge_sums<T>(const MergeList<T>&, int64_t, cudaStream_t);
 EDGEDOT_MERGE(float)
 EDGEDOT_MERGE(double)

@@ -84,14 +84,15 @@ struct DotScore : RecordsPolicy {
   template <typename T>
   static bool vectorizable(const ForwardArgs& a) {
     const Inputs& in = a.in;
-    return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim}},
+    return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim},
+                                      {&a.residual, in.dim_v}},
                                      {a.out});
   }
   template <typename T>
   static bool vectorizable(const BackwardArgs& a) {
     const Inputs& in = a.in;
     return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim},
-                                      {&a.grad_out, in.dim_v}, {&a.out, in.dim_v}},
+                                      {&a.grad_out, in.dim_v}, {&a.out, in.dim_v}, {&a.residual, in.dim_v}},
                                      {a.dq, a.dk, a.dv, a.d_edge_feat});
   }
 

@@ -301,6 +301,9 @@ struct AttentionForwardArgs {
   void* alpha;  // [num_edges, heads] in the inputs' type (before dropout), or null
   void* part_acc;  // [max_slots, heads, dim_v] accumulation type: a chunk's unnormalised output
   void* part_ml;   // [max_slots, heads, 2]: its running maximum and sum
+  // Output epilogue: added to every row of out as it is stored (rounded once), [num_dst, heads,
+  // dim_v] in the inputs' type (row_stride 0: one row for all, a bias); data null: none.
+  Rows residual;
 };
 
 struct AttentionBackwardArgs {
@@ -309,7 +312,8 @@ struct AttentionBackwardArgs {
   const void* lse;     // [num_dst, heads], accumulation type
   AttentionGrouping dst, src;
   RowChunks dst_chunks, src_chunks;
-  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
+  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out - residual>, by the dst pass
+  Rows residual;       // the forward's residual (out holds the attention plus it), or data null
   void* dq;            // [num_dst, heads, dim] (rows grad_pack apart, below), in the inputs' type
   void* dk;            // [num_src, heads, dim]
   void* dv;            // [num_src, heads, dim_v]
@@ -395,6 +399,7 @@ struct GatForwardArgs {
   void* alpha;     // [num_edges, heads] in the inputs' type (before dropout), or null
   void* part_acc;  // [max_slots, heads, dim] accumulation type: a chunk's unnormalised output
   void* part_ml;   // [max_slots, heads, 2]: its running maximum and sum
+  Rows residual;   // the output epilogue, as graph attention's (data null: none)
 };
 
 // Outputs contiguous (but dx and dx_dst: grad_pack below), in the inputs' type unless said otherwise.
@@ -409,7 +414,8 @@ struct GatBackwardArgs {
   const void* lse;     // [num_dst, heads], accumulation type
   AttentionGrouping dst, src;
   RowChunks dst_chunks, src_chunks;
-  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out>, written by the dst pass
+  void* delta;         // [num_dst, heads], accumulation type: <grad_out, out - residual>, by the dst pass
+  Rows residual;       // the forward's residual, or data null
   void* dst_grad;      // GAT: da_dst; GATv2: dx_dst
   void* datt_teams;    // GATv2 only
   void* edge_grad;     // GAT: da_edge; GATv2: d_edge_feat; or null

@@ -10,23 +10,27 @@
 #include "common/torch_common.h"
 
 namespace edgedot {
+
+// A backward that records a graph (create_graph) takes the column-sum op, whose autograd PyTorch runs.
+at::Tensor bias_grad(const at::Tensor& grad, const at::Tensor& bias) {
+  const at::Tensor rows = grad.reshape({-1, bias.numel()});
+  at::Tensor sum;
+  if (at::GradMode::is_enabled()) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("edgedot::column_sum", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+    sum = op.call(rows).to(bias.scalar_type());
+  } else {
+    sum = column_sum(rows, bias.scalar_type());  // summed in float32 before any rounding to bias's dtype
+  }
+  return sum.view(bias.sizes());
+}
+
 namespace {
 
 using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The gradient of a bias broadcast along grad's last dim, in the bias's dtype. A backward that
-// records a graph (create_graph) takes the column-sum op, whose autograd PyTorch runs.
-Tensor bias_grad(const Tensor& grad, const Tensor& bias) {
-  const Tensor rows = grad.reshape({-1, bias.size(0)});
-  if (at::GradMode::is_enabled()) {
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("edgedot::column_sum", "").typed<Tensor(const Tensor&)>();
-    return op.call(rows).to(bias.scalar_type());
-  }
-  return column_sum(rows, bias.scalar_type());  // summed in float32 before any rounding to bias's dtype
-}
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& weight, const Tensor& bias) {

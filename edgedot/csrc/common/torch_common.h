@@ -85,6 +85,9 @@ std::tuple<at::Tensor, at::Tensor, int64_t> self_looped_checked(const at::Tensor
 // x [rows, width] summed over its rows in an order fixed by the shape: [width] in x's dtype, or in
 // out_dtype (rounded once, at the end).
 at::Tensor column_sum(const at::Tensor& x, c10::optional<at::ScalarType> out_dtype = c10::nullopt);
+// The gradient of a bias (any shape) added to every row of grad's last bias.numel() elements: their
+// column sum, in the bias's shape and dtype (common/linear_autograd.cpp).
+at::Tensor bias_grad(const at::Tensor& grad, const at::Tensor& bias);
 
 // F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
 // (common/linear_autograd.cpp).
