@@ -129,6 +129,29 @@ def test_graph_attention_packed_gradients(dtype, graph):
 @requires_cuda
 @pytest.mark.parametrize("graph", ["uniform", "hubs"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_graph_attention_packed_residual(dtype, graph):
+    """A residual that is the fourth side of q, k and v's projection (TransformerConv's skip): its
+    gradient, grad_out, comes back beside dq, dk and dv in one [N, 4, H, D] buffer; the output and
+    the gradients are those of separate tensors, bit for bit."""
+    g = torch.Generator("cuda").manual_seed(5)
+    nodes, heads, dim = 3000, 4, 32
+    src, dst = _edges(graph, nodes, 20_000, g)
+    qkvr = torch.randn(nodes, 4, heads, dim, generator=g, device="cuda").to(dtype).requires_grad_()
+    grad_out = torch.randn(nodes, heads, dim, generator=g, device="cuda").to(dtype)
+
+    def attend(q, k, v, residual, src, dst):
+        return edgedot.graph_attention(q, k, v, src, dst, residual=residual)
+
+    (out, got), (out_copies, want) = _packed_and_separate(attend, qkvr, (), src, dst, grad_out)
+    _assert_packed(got, heads, dim)
+    assert torch.equal(out, out_copies) and torch.equal(got[3], grad_out)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("graph", ["uniform", "hubs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_gatv2_packed_gradients(dtype, graph):
     """GATv2's x_src and x_dst as the sides of one [N, 2, H, C] projection: their gradients come
     back as the sides of one buffer, with the bits of separate inputs; att's gradient unchanged."""

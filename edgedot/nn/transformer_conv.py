@@ -50,8 +50,10 @@ class TransformerConv(Projections, MessagePassing):
     ``lin_query``, ``lin_key`` and ``lin_value`` are called as modules, as in PyG's layer, when
     any of them has hooks (or global module hooks exist) or is not a plain ``Linear`` (an
     adapter, a subclass); otherwise they run by their weights, as one GEMM on one input tensor (on
-    the CPU from 2^18 input elements: smaller inputs are faster through three). On the CPU a plain
-    ``lin_skip`` of their shape joins that GEMM where the input is wider than the heads' width.
+    the CPU from 2^18 input elements: smaller inputs are faster through three). A plain
+    ``lin_skip`` of their shape joins that GEMM: on CUDA where the heads are concatenated without
+    ``beta`` (the attention kernel then adds the skip connection as it stores its output), on the
+    CPU where the input is wider than the heads' width.
 
     Under CUDA autocast the attention runs in float32 on projections rounded to the autocast
     dtype, and the output is float32, as in PyG's layer (autocast runs its ``sum`` and ``exp`` in
@@ -219,10 +221,11 @@ class TransformerConv(Projections, MessagePassing):
         want_alpha = isinstance(return_attention_weights, bool)
         dropout_p = self.dropout if self.training else 0.0
         residual = None
-        if query.is_cuda and self.concat and self.root_weight and self.lin_beta is None and self._plain(["lin_skip"]):
-            # The skip connection added by the attention kernel as it stores its output.
-            skip = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
-            if skip.dtype == query.dtype:
+        if query.is_cuda and self.concat and self.root_weight and self.lin_beta is None:
+            # The skip connection, added by the attention kernel as it stores its output.
+            if skip is None and self._plain(["lin_skip"]):
+                skip = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
+            if skip is not None and skip.dtype == query.dtype:
                 residual = skip.view(-1, self.heads, self.out_channels)
         out = None
         if adj.checked and plan is None and query.device.type == "cpu":  # past the op's checks: see checked_graph
@@ -295,21 +298,23 @@ class TransformerConv(Projections, MessagePassing):
         return query, key, value, edge_feat, skip
 
     def _skip_in_gemm(self, x_dst: Tensor) -> bool:
-        """Whether ``lin_skip`` joins the query, key and value GEMM as a fourth block: on the CPU,
-        for a plain ``lin_skip`` of their shape and bias, where ``x`` is wider than a block. The
-        GEMMs then read ``x`` once less and autograd adds no two gradients of ``x``, while the
-        blocks' gradients, stacked for the GEMM's backward, take the skip's too: a gain where
-        ``x``'s rows are the wider (2 cores, forward + backward against PyG's: Cora's 1,433
-        features against 64, 0.885 -> 0.82; PubMed's 500, 0.80 -> 0.745; but 100 against 128,
-        0.94 -> 1.01). On CUDA the extension joins the blocks' gradients without a copy only where
-        the attention op wrote them into one buffer, which the skip's is not: not there."""
-        if not self.root_weight or x_dst.is_cuda or not hasattr(self.lin_skip, "weight") \
-                or not self._plain(["lin_skip"]):
+        """Whether ``lin_skip`` joins the query, key and value GEMM as a fourth block, for a plain
+        ``lin_skip`` of their shape and bias. The GEMMs then read ``x`` once less and autograd adds
+        no two gradients of ``x``, while the blocks' gradients, joined for the GEMM's backward,
+        take the skip's too. On CUDA where the heads are concatenated without ``beta``: the
+        attention adds the skip as its residual and writes its gradient beside q, k and v's, one
+        buffer the GEMM's backward takes without a copy. On the CPU where ``x`` is wider than a
+        block (2 cores, forward + backward against PyG's: Cora's 1,433 features against 64, 0.885
+        -> 0.82; PubMed's 500, 0.80 -> 0.745; but 100 against 128, 0.94 -> 1.01)."""
+        if not self.root_weight or not hasattr(self.lin_skip, "weight") or not self._plain(["lin_skip"]):
             return False
         skip_weight, query_weight = self.lin_skip.weight, self.lin_query.weight
-        return skip_weight.shape == query_weight.shape and skip_weight.dtype == query_weight.dtype \
-            and (self.lin_skip.bias is None) == (self.lin_query.bias is None) \
-            and skip_weight.shape[1] > skip_weight.shape[0]
+        if skip_weight.shape != query_weight.shape or skip_weight.dtype != query_weight.dtype \
+                or (self.lin_skip.bias is None) != (self.lin_query.bias is None):
+            return False
+        if x_dst.is_cuda:
+            return self.concat and self.lin_beta is None
+        return skip_weight.shape[1] > skip_weight.shape[0]
 
     def __repr__(self):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -67,6 +67,15 @@ ResidualScope::ResidualScope(at::Tensor residual) : residual_(std::move(residual
 }
 ResidualScope::~ResidualScope() { residual_scope = outer_; }
 
+const at::Tensor& ResidualScope::residual() {
+  static const at::Tensor none;
+  return residual_scope != nullptr ? residual_scope->residual_ : none;
+}
+
+void ResidualScope::set_grad(at::Tensor grad) {
+  if (residual_scope != nullptr) residual_scope->grad_ = std::move(grad);
+}
+
 Rows ResidualScope::rows(const at::Tensor& like, int64_t num_dst, int64_t heads, int64_t dim) {
   if (residual_scope == nullptr || !residual_scope->residual_.defined()) return Rows{};
   const at::Tensor& r = residual_scope->residual_;
@@ -377,7 +386,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     bool records, c10::optional<at::Tensor> scale_heads) {
   const int64_t num_edges = src_idx.dim() == 1 ? src_idx.numel() : 0;
   const c10::cuda::CUDAGuard guard(q.device());
-  const bool packed = kv_grad && PackedGradsScope::active() && packed_sides({q, k, v});
+  // q, k and v's gradients packed as their inputs were (one GEMM's sides); a residual of rows that
+  // is the fourth side (TransformerConv's skip connection) gets its gradient, grad_out, beside them.
+  const at::Tensor& residual = ResidualScope::residual();
+  const bool packed_residual = kv_grad && PackedGradsScope::active() && residual.defined() &&
+                               residual.dim() == 3 && packed_sides({q, k, v, residual});
+  const bool packed = packed_residual || (kv_grad && PackedGradsScope::active() && packed_sides({q, k, v}));
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
   TORCH_CHECK_VALUE(!edge_feat_grad || edge_feat.has_value(), "edgedot: edge_feat_grad needs edge_feat");
@@ -409,11 +423,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   at::Tensor delta = at::empty({num_dst, in.heads}, q.options().dtype(accum));
   at::Tensor dq, dk, dv;
   if (packed) {
-    const std::vector<at::Tensor> sides = packed_grads(q, 3);
+    const std::vector<at::Tensor> sides = packed_grads(q, packed_residual ? 4 : 3);
     dq = sides[0];
     dk = sides[1];
     dv = sides[2];
-    args.grad_pack = 3;
+    args.grad_pack = static_cast<int32_t>(sides.size());
+    if (packed_residual) ResidualScope::set_grad(sides[3].copy_(grad_out));
   } else {
     dq = at::empty({num_dst, in.heads, in.dim}, q.options());
     dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());

@@ -112,9 +112,16 @@ class ResidualScope {
   // dtype and device (data null: none). It must be [num_dst, heads, dim], or [heads, dim] or
   // [heads * dim] (added to every row: a bias), with unit stride on the last dim.
   static Rows rows(const at::Tensor& like, int64_t num_dst, int64_t heads, int64_t dim);
+  // The thread's residual (undefined: none).
+  static const at::Tensor& residual();
+  // A backward that wrote the residual's gradient (grad_out) into a buffer of its own, beside q, k
+  // and v's as the fourth side of their packed gradients (attention_backward_scaled), hands it to
+  // the thread's scope; grad() is it, or undefined.
+  static void set_grad(at::Tensor grad);
+  const at::Tensor& grad() const { return grad_; }
 
  private:
-  at::Tensor residual_;
+  at::Tensor residual_, grad_;
   ResidualScope* outer_;
 };
 

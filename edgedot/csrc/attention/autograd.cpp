@@ -121,6 +121,7 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
     const KernelInputs in = Op::backward_inputs(s);
     const bool recorded = at::GradMode::is_enabled();
     Outputs grads_in;
+    Tensor epilogue_grad;  // the residual's gradient where the backward wrote it beside the inputs'
     if (recorded) {
       // A backward recording a graph (create_graph): the backward op, with PyTorch's autograd for it.
       static const auto op =
@@ -147,6 +148,7 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
                                s[kSrcIdx].contiguous(), s[kDstIdx].contiguous(), present(s[kDstGroup]),
                                s[kDstOffsets], src_group, present(src_offsets), score_arg, dropout_p, s[kRng],
                                edge_grad, source_grad, ctx->saved_data["records"].toBool());
+      epilogue_grad = epilogue.grad();
     }
     grads_in = Op::input_grads(ctx, s, std::move(grads_in), recorded);
     const Tensor* wanted[] = {&std::get<0>(grads_in), &std::get<1>(grads_in), &std::get<2>(grads_in),
@@ -156,7 +158,9 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
     }
     const Tensor& residual = s[kResidual];
     if (residual.defined() && ctx->needs_input_grad(kResidualArgument)) {
-      result[kResidualArgument] = residual.dim() == 3 ? grad_out : bias_grad(grad_out, residual);
+      result[kResidualArgument] = residual.dim() != 3         ? bias_grad(grad_out, residual)
+                                  : epilogue_grad.defined() ? epilogue_grad
+                                                            : grad_out;
     }
     return result;
   }
