@@ -139,6 +139,12 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
                      torch.randn(H * D + 1, device=dev, dtype=dt)[1:]):
         out = edgedot.graph_attention(*leaves, src, dst, residual=residual.requires_grad_())
         out.backward(torch.randn_like(out))
+    # TransformerConv's layout: q, k, v and the skip the four sides of one projection, whose
+    # gradients the backward packs into one buffer.
+    qkvr = torch.randn(num_src, 4, H, D, device=dev, dtype=dt, requires_grad=True)
+    sides = qkvr.unbind(1)
+    out = edgedot.graph_attention(*sides[:3], src, dst, residual=sides[3])
+    out.backward(torch.randn_like(out))
 
 # GAT and GATv2, forward and backward with every input needing a gradient: every dtype; C of one
 # element, 16-byte rows, a misaligned view and the widest; edge terms, dropout and attention
