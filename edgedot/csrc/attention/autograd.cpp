@@ -37,6 +37,17 @@ using BackwardOp = Outputs(const Tensor&, const Tensor&, const Tensor&, const Te
 // (an op's own intermediates follow, from kKept).
 constexpr size_t kNumArguments = 16;
 constexpr size_t kResidualArgument = 15;
+
+// The position of the residual among the forward's tensor inputs, the index needs_input_grad takes:
+// absent optional tensors are not inputs of the node.
+size_t residual_input(const OptionalTensor& edge, const OptionalTensor& dst_group, const OptionalTensor& dst_offsets,
+                      const OptionalTensor& src_group, const OptionalTensor& src_offsets) {
+  size_t inputs = 5;  // a, b, c, src_idx, dst_idx
+  for (const OptionalTensor* t : {&edge, &dst_group, &dst_offsets, &src_group, &src_offsets}) {
+    if (t->has_value() && (*t)->defined()) ++inputs;
+  }
+  return inputs;
+}
 enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng,
              kResidual, kKept };
 
@@ -105,6 +116,8 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
     ctx->saved_data["score_arg"] = score_arg;
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["records"] = records;
+    ctx->saved_data["residual_input"] =
+        static_cast<int64_t>(residual_input(edge, dst_group, dst_offsets, src_group, src_offsets));
     return {out, lse, alpha, rng_state};
   }
 
@@ -157,7 +170,7 @@ struct AttentionFunction : torch::autograd::Function<Op>, InputsAsGiven {
       if (i < kEdge || s[kEdge].defined()) result[i] = ctx->needs_input_grad(i) ? *wanted[i] : Tensor();
     }
     const Tensor& residual = s[kResidual];
-    if (residual.defined() && ctx->needs_input_grad(kResidualArgument)) {
+    if (residual.defined() && ctx->needs_input_grad(ctx->saved_data["residual_input"].toInt())) {
       result[kResidualArgument] = residual.dim() != 3         ? bias_grad(grad_out, residual)
                                   : epilogue_grad.defined() ? epilogue_grad
                                                             : grad_out;
