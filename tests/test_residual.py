@@ -10,8 +10,8 @@ import torch
 import edgedot
 from edgedot.ops import column_sum
 from edgedot.ops.gat import gat_layer_attention
-from utils import (DEVICES, FEAT_DTYPES, PATHS_AGREE, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
-                   rel_error, requires_cuda)
+from utils import (DEVICES, FEAT_DTYPES, PATHS_AGREE, close_or_zero, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat,
+                   rand_index, rel_error, requires_cuda)
 
 NUM_SRC, NUM_DST, HEADS, CHANNELS = 30, 40, 2, 8
 # Destinations past this row get no edge: their output is the residual alone.
@@ -211,4 +211,5 @@ def test_cuda_layers_pass_their_bias_or_skip(monkeypatch, kind):
     monkeypatch.setattr(TransformerConv, "_combine", lambda *args: pytest.fail("the layer added its skip itself"))
     got = _layer_step(cuda, x.cuda(), edge_index.cuda(), grad_out.cuda())
     for k, (a, b) in enumerate(zip(got, want)):
-        assert rel_error(a, b) <= 1e-5, k
+        # (lin_key's bias gets no gradient in exact arithmetic: a shift of all of a node's scores)
+        assert close_or_zero(a.cpu(), b, 1e-5)[0], k
