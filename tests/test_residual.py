@@ -213,3 +213,29 @@ def test_cuda_layers_pass_their_bias_or_skip(monkeypatch, kind):
     for k, (a, b) in enumerate(zip(got, want)):
         # (lin_key's bias gets no gradient in exact arithmetic: a shift of all of a node's scores)
         assert close_or_zero(a.cpu(), b, 1e-5)[0], k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["graph_attention", "gat_attention"])
+def test_residual_under_compile(device, name):
+    """torch.compile(fullgraph=True) traces the op and the add: eager's output and gradients, the
+    residual's included, for rows and for a bias."""
+    torch._dynamo.reset()
+    g = gen(7)
+    call, shapes, rows = OPS[name]
+    src, dst = _graph(name, device, False, g)
+    leaves = [rand_feat(s, torch.float32, device, g).requires_grad_() for s in shapes]
+    grad_out = rand_feat((rows, HEADS, CHANNELS), torch.float32, device, g)
+
+    def step(residual):
+        return call(leaves, src, dst, residual=residual)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for form in ("rows", "bias"):
+        residual = _residual(form, rows, torch.float32, device, g).requires_grad_()
+        out_c, out_e = compiled(residual), step(residual)
+        torch.testing.assert_close(out_c, out_e)
+        grads_c = torch.autograd.grad(out_c, leaves + [residual], grad_out)
+        grads_e = torch.autograd.grad(out_e, leaves + [residual], grad_out)
+        for a, b in zip(grads_c, grads_e):
+            torch.testing.assert_close(a, b)
