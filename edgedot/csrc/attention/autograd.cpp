@@ -37,6 +37,10 @@ using BackwardOp = Outputs(const Tensor&, const Tensor&, const Tensor&, const Te
 // (an op's own intermediates follow, from kKept).
 constexpr size_t kNumArguments = 16;
 constexpr size_t kResidualArgument = 15;
+enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng,
+             kResidual, kKept };
+
+OptionalTensor present(const Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
 // The position of the residual among the forward's tensor inputs, the index needs_input_grad takes:
 // absent optional tensors are not inputs of the node.
@@ -48,10 +52,6 @@ size_t residual_input(const OptionalTensor& edge, const OptionalTensor& dst_grou
   }
   return inputs;
 }
-enum Saved { kA, kB, kC, kEdge, kOut, kLse, kSrcIdx, kDstIdx, kDstGroup, kDstOffsets, kSrcGroup, kSrcOffsets, kRng,
-             kResidual, kKept };
-
-OptionalTensor present(const Tensor& t) { return t.defined() ? OptionalTensor(t) : c10::nullopt; }
 
 // The three feature tensors the kernels take, and the intermediates made for them (saved).
 struct KernelInputs {
