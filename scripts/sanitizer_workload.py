@@ -145,6 +145,12 @@ for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
     sides = qkvr.unbind(1)
     out = edgedot.graph_attention(*sides[:3], src, dst, residual=sides[3])
     out.backward(torch.randn_like(out))
+    # The layers over one x: their projections by one GEMM of the joined weights (linear_sides), the
+    # attention's gradients packed for its backward.
+    for layer in (edgedot.nn.TransformerConv(16, D, heads=H), edgedot.nn.GATv2Conv(16, D, heads=H)):
+        x = torch.randn(num_src, 16, device=dev, dtype=dt, requires_grad=True)
+        out = layer.to(dev, dt)(x, torch.stack([src, dst]))
+        out.backward(torch.randn_like(out))
 
 # GAT and GATv2, forward and backward with every input needing a gradient: every dtype; C of one
 # element, 16-byte rows, a misaligned view and the widest; edge terms, dropout and attention

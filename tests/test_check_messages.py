@@ -80,8 +80,8 @@ def test_failing_checks_raise_with_their_numbers():
     ext = cuda_module()
     x = torch.randn(5, 4, device="cuda")
     weight = torch.randn(6, 4, device="cuda", requires_grad=True)
-    with pytest.raises(ValueError, match="split into 4 sides"):
-        ext.linear_sides_autograd(x, weight, torch.zeros(6, device="cuda"), 4)
+    with pytest.raises(ValueError, match=r"width a multiple of heads = 4, got \[6, 4\]"):
+        ext.linear_sides_autograd(x, [weight], [torch.zeros(6, device="cuda")], 4, False)
     with pytest.raises(ValueError, match=r"got \[7\] Float"):
         ext.column_sum(torch.ones(7, device="cuda"))
     with pytest.raises(ValueError, match=r"att must be \[H, C\] or \[2, H, C\], got \[3, 2, 8\]"):

@@ -15,59 +15,134 @@ ROWS, IN, WIDTH = 700, 40, 24
 
 
 def _linear_grads(split, inputs, grad_outputs):
-    """The blocks ``split(x, weight, bias)`` gives and the gradients of x, weight and bias for
-    ``grad_outputs`` (None: that block gets no gradient)."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    blocks = split(*leaves)
+    """The blocks ``split(x, weights, biases)`` gives and the gradients of x, the weights and the
+    biases for ``grad_outputs`` (None: that block gets no gradient); ``inputs``: (x, weights,
+    biases)."""
+    x, weights, biases = inputs
+    leaves = [t.detach().clone().requires_grad_() for t in [x, *weights, *biases]]
+    count = len(weights)
+    blocks = split(leaves[0], leaves[1:1 + count], leaves[1 + count:])
     wanted = [(b, g) for b, g in zip(blocks, grad_outputs) if g is not None]
     grads = torch.autograd.grad([b for b, _ in wanted], leaves, [g for _, g in wanted])
     return [b.detach() for b in blocks] + list(grads)
 
 
+def _unbound(heads):
+    """The reference of linear_sides: one F.linear of the joined weights, viewed and unbound."""
+    def split(x, weights, biases):
+        bias = torch.cat(biases) if biases else None
+        return list(linear(x, torch.cat(weights), bias).view(x.shape[0], len(weights), heads, -1).unbind(1))
+    return split
+
+
+def _sides_inputs(sides, dtype, device, g, bias=True):
+    return (rand_feat((ROWS, IN), dtype, device, g), [rand_feat((WIDTH, IN), dtype, device, g) for _ in range(sides)],
+            [rand_feat((WIDTH,), dtype, device, g) for _ in range(sides)] if bias else [])
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("sides", [2, 3])
+@pytest.mark.parametrize("sides", [2, 3, 4])
+@pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_linear_sides_as_unbind(device, sides, dtype):
-    """Blocks and gradients as ``linear(...).view(...).unbind(1)``'s, bit for bit, whether the
-    blocks' gradients are separate tensors, the column blocks of one buffer, or absent for one."""
+def test_linear_sides_as_unbind(device, sides, heads, dtype):
+    """Blocks [rows, heads, width / heads] and gradients of x, every weight and every bias as one
+    ``linear`` of the joined weights viewed and unbound, bit for bit, whether the blocks' gradients
+    are separate tensors, the blocks of one buffer, or absent for one."""
     g = gen(0)
-    inputs = (rand_feat((ROWS, IN), dtype, device, g), rand_feat((sides * WIDTH, IN), dtype, device, g),
-              rand_feat((sides * WIDTH,), dtype, device, g))
-    separate = [rand_feat((ROWS, WIDTH), dtype, device, g) for _ in range(sides)]
-    buffer = torch.stack(separate, 1)  # [ROWS, sides, WIDTH]: the blocks of one [ROWS, sides * WIDTH]
-    blocks = list(buffer.view(ROWS, sides * WIDTH).view(ROWS, sides, WIDTH).unbind(1))
+    inputs = _sides_inputs(sides, dtype, device, g)
+    separate = [rand_feat((ROWS, heads, WIDTH // heads), dtype, device, g) for _ in range(sides)]
+    buffer = torch.stack(separate, 1)  # [ROWS, sides, heads, WIDTH / heads]: the blocks of one result
+    blocks = list(buffer.unbind(1))
     assert blocks[1].data_ptr() - blocks[0].data_ptr() == WIDTH * buffer.element_size()
 
-    def unbound(x, weight, bias):
-        return list(linear(x, weight, bias).view(ROWS, sides, -1).unbind(1))
-
-    def split(x, weight, bias):
-        return linear_sides(x, weight, bias, sides)
+    def split(x, weights, biases):
+        return linear_sides(x, weights, biases, heads)
 
     for grad_outputs in (separate, blocks, [None] + separate[1:]):
-        want = _linear_grads(unbound, inputs, grad_outputs)
+        want = _linear_grads(_unbound(heads), inputs, grad_outputs)
         got = _linear_grads(split, inputs, grad_outputs)
-        assert len(got) == len(want)
+        assert len(got) == len(want) == 1 + 3 * sides
         for a, b in zip(got, want):
-            assert a.dtype == b.dtype and torch.equal(a, b)
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_sides_without_bias_and_partial_grads(device):
+    """No biases; only some parameters wanting a gradient: the others get none, the rest the
+    reference's bits."""
+    g = gen(3)
+    x, weights, _ = _sides_inputs(3, torch.float32, device, g, bias=False)
+    x = x.requires_grad_()
+    weights = [w.requires_grad_(i != 1) for i, w in enumerate(weights)]
+    grad = [rand_feat((ROWS, 2, WIDTH // 2), torch.float32, device, g) for _ in range(3)]
+    got = linear_sides(x, weights, None, 2)
+    want = _unbound(2)(x, weights, [])
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    leaves = [x, weights[0], weights[2]]
+    got_grads = torch.autograd.grad(got, leaves, grad)
+    want_grads = torch.autograd.grad(want, leaves, grad)
+    for a, b in zip(got_grads, want_grads):
+        assert torch.equal(a, b)
 
 
 @requires_cuda
 def test_linear_sides_on_cuda_are_views_of_one_node():
-    """On CUDA the blocks are views of one result with the extension's node as their grad_fn;
-    autocast casts as for ``F.linear``; a weight that does not split is refused."""
+    """On CUDA the blocks are views of one result with the extension's node as their grad_fn (no
+    concatenation or view nodes); weights or biases that do not fit are refused, naming them."""
     g = gen(1)
-    x = rand_feat((ROWS, IN), torch.float32, "cuda", g)
-    weight = rand_feat((3 * WIDTH, IN), torch.float32, "cuda", g).requires_grad_()
-    bias = rand_feat((3 * WIDTH,), torch.float32, "cuda", g).requires_grad_()
-    blocks = linear_sides(x, weight, bias, 3)
-    assert "LinearSidesFunction" in blocks[0].grad_fn.name()
-    assert [b.shape for b in blocks] == [(ROWS, WIDTH)] * 3
-    assert blocks[2].data_ptr() - blocks[0].data_ptr() == 2 * WIDTH * 4 and blocks[0].stride() == (3 * WIDTH, 1)
+    x, weights, biases = _sides_inputs(3, torch.float32, "cuda", g)
+    weights = [w.requires_grad_() for w in weights]
+    biases = [b.requires_grad_() for b in biases]
+    blocks = linear_sides(x, weights, biases, 4)
+    assert all("LinearSidesFunction" in b.grad_fn.name() for b in blocks)
+    assert [b.shape for b in blocks] == [(ROWS, 4, WIDTH // 4)] * 3
+    assert blocks[2].data_ptr() - blocks[0].data_ptr() == 2 * WIDTH * 4 and blocks[0].stride() == (3 * WIDTH, 6, 1)
+    ext = cuda_module()
+    with pytest.raises(ValueError, match="width a multiple of heads = 5"):
+        ext.linear_sides_autograd(x, weights, biases, 5, False)
+    with pytest.raises(ValueError, match=r"weights of one shape \[width, 40\]"):
+        ext.linear_sides_autograd(x, [weights[0], weights[1][:12]], biases[:2], 1, False)
+    with pytest.raises(ValueError, match="one per weight"):
+        ext.linear_sides_autograd(x, weights, biases[:2], 1, False)
+    with pytest.raises(ValueError, match=r"biases \[24\]"):
+        ext.linear_sides_autograd(x, weights[:1], [biases[0][:5]], 1, False)
+
+
+@requires_cuda
+def test_linear_sides_under_autocast():
+    """float32 parameters under bfloat16 autocast: blocks in bfloat16 and every gradient, in the
+    parameters' dtype, the bits of F.linear's path under autocast."""
+    g = gen(4)
+    inputs = _sides_inputs(3, torch.float32, "cuda", g)
+    grads = [rand_feat((ROWS, 2, WIDTH // 2), torch.bfloat16, "cuda", g) for _ in range(3)]
+
+    def split(x, weights, biases):
+        return linear_sides(x, weights, biases, 2)
+
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        assert all(b.dtype == torch.bfloat16 for b in linear_sides(x, weight, bias, 3))
-    with pytest.raises(ValueError, match="split into 5 sides"):
-        cuda_module().linear_sides_autograd(x, weight, bias, 5)
+        got = _linear_grads(split, inputs, grads)
+        want = _linear_grads(_unbound(2), inputs, grads)
+    assert all(b.dtype == torch.bfloat16 for b in got[:3]) and all(t.dtype == torch.float32 for t in got[3:])
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@requires_cuda
+def test_linear_sides_second_derivatives():
+    """A backward that records a graph reaches the weights through their concatenation: a penalty
+    on x's gradient gives the weights' gradients of the reference's path."""
+    g = gen(5)
+    inputs = _sides_inputs(2, torch.float32, "cuda", g)
+    grads = [rand_feat((ROWS, 1, WIDTH), torch.float32, "cuda", g) for _ in range(2)]
+    results = []
+    for split in (lambda x, w, b: linear_sides(x, w, b, 1), _unbound(1)):
+        x, weights, biases = [t.detach().clone().requires_grad_() for t in [inputs[0]]] + \
+            [[t.detach().clone().requires_grad_() for t in ts] for ts in inputs[1:]]
+        dx, = torch.autograd.grad(split(x, weights, biases), x, grads, create_graph=True)
+        results.append(torch.autograd.grad(dx.square().sum(), weights))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def _hub_graph(num_nodes, num_edges, g):

@@ -34,8 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_autograd", &edgedot::linear_autograd,
         "F.linear with a C++ autograd node whose bias gradient is column_sum (CUDA)");
   m.def("linear_sides_autograd", &edgedot::linear_sides_autograd,
-        "linear_autograd split into `sides` equal column blocks (views), gradients joined without a copy where "
-        "they are one buffer's column blocks (CUDA)");
+        "one GEMM of x by several weights, each weight's column block a [rows, heads, width / heads] view; "
+        "gradients joined without a copy where they are one buffer's column blocks (CUDA)");
   m.def("add_bias_autograd", &edgedot::add_bias_autograd,
         "x + bias with a C++ autograd node whose bias gradient is column_sum (CUDA)");
   m.def("grad_rows", &edgedot::grad_rows, "gradient of edge dot products for one side (CUDA)");

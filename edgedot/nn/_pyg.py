@@ -212,19 +212,22 @@ class Projections(torch.nn.Module):
     def _eager_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return column_sum.linear(x, weight, bias)
 
-    def _linear_sides(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      sides: int) -> List[torch.Tensor]:
-        """``F.linear(x, weight, bias)`` split into ``sides`` equal column blocks ``[N, out / sides]``;
-        outside TorchScript by :func:`edgedot.ops.column_sum.linear_sides` (the attention ops'
-        gradients of the blocks reach the GEMM without a copy)."""
+    def _linear_sides(self, x: torch.Tensor, weights: List[torch.Tensor], biases: List[torch.Tensor],
+                      heads: int) -> List[torch.Tensor]:
+        """``F.linear`` of ``x`` by each of ``weights`` (``biases``: one per weight, or empty) as one
+        GEMM, each weight's block ``[N, heads, width / heads]``; outside TorchScript by
+        :func:`edgedot.ops.column_sum.linear_sides` (no concatenation or view in autograd's graph;
+        the attention ops' gradients of the blocks reach the GEMM without a copy)."""
         if torch.jit.is_scripting():
-            return torch.nn.functional.linear(x, weight, bias).view(x.size(0), sides, -1).unbind(1)
-        return self._eager_linear_sides(x, weight, bias, sides)
+            bias: Optional[torch.Tensor] = torch.cat(biases) if len(biases) > 0 else None
+            y = torch.nn.functional.linear(x, torch.cat(weights), bias)
+            return y.view(x.size(0), len(weights), heads, -1).unbind(1)
+        return self._eager_linear_sides(x, weights, biases, heads)
 
     @torch.jit.unused
-    def _eager_linear_sides(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                            sides: int) -> List[torch.Tensor]:
-        return column_sum.linear_sides(x, weight, bias, sides)
+    def _eager_linear_sides(self, x: torch.Tensor, weights: List[torch.Tensor], biases: List[torch.Tensor],
+                            heads: int) -> List[torch.Tensor]:
+        return column_sum.linear_sides(x, weights, biases, heads)
 
     def _add_bias(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """``x + bias``; outside TorchScript with the bias's gradient as a column sum

@@ -167,11 +167,11 @@ class GATv2Conv(_GATBase):
                     # One GEMM for both sides ([N, 2, H, C]; x_l, x_r strided views of it): its
                     # backward writes dx once, where two projections would each write one and add;
                     # the op writes the sides' gradients into one such buffer for it (_linear_sides).
-                    lr_bias: OptTensor = None
+                    lr_biases: List[Tensor] = []
                     if self.lin_l.bias is not None and self.lin_r.bias is not None:
-                        lr_bias = torch.cat([self.lin_l.bias, self.lin_r.bias])
-                    sides = self._linear_sides(x, torch.cat([self.lin_l.weight, self.lin_r.weight]), lr_bias, 2)
-                    x_l, x_r = sides[0].view(-1, H, C), sides[1].view(-1, H, C)
+                        lr_biases = [self.lin_l.bias, self.lin_r.bias]
+                    sides = self._linear_sides(x, [self.lin_l.weight, self.lin_r.weight], lr_biases, H)
+                    x_l, x_r = sides[0], sides[1]
                 else:
                     x_l = self._linear(x, self.lin_l.weight, self.lin_l.bias).view(-1, H, C)
                     x_r = self._linear(x, self.lin_r.weight, self.lin_r.bias).view(-1, H, C)

@@ -186,14 +186,14 @@ class TransformerConv(Projections, MessagePassing):
 
     def _combine(self, out: Tensor, x_dst: Tensor, skip: OptTensor = None) -> Tensor:
         """Heads concatenated or averaged, then the skip connection (gated with ``beta``);
-        ``skip``: ``lin_skip(x_dst)`` where :meth:`_project` computed it."""
+        ``skip``: ``lin_skip(x_dst)`` where :meth:`_project` computed it (``[N, H, C]``)."""
         if self.concat:
             out = out.reshape(-1, self.heads * self.out_channels)
         else:
             out = out.mean(dim=1)
         if self.root_weight:
             if skip is not None:
-                x_r = skip
+                x_r = skip.reshape(skip.shape[0], -1)
             elif self._plain(["lin_skip"]):
                 x_r = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
             else:
@@ -226,7 +226,7 @@ class TransformerConv(Projections, MessagePassing):
             if skip is None and self._plain(["lin_skip"]):
                 skip = self._linear(x_dst, self.lin_skip.weight, self.lin_skip.bias)
             if skip is not None and skip.dtype == query.dtype:
-                residual = skip.view(-1, self.heads, self.out_channels)
+                residual = skip if skip.dim() == 3 else skip.view(-1, self.heads, self.out_channels)
         out = None
         if adj.checked and plan is None and query.device.type == "cpu":  # past the op's checks: see checked_graph
             out = checked_graph.attend(graph_attention, (query, key, value, edge_feat), adj.src, adj.dst,
@@ -258,7 +258,7 @@ class TransformerConv(Projections, MessagePassing):
     def _project(self, x_src: Tensor, x_dst: Tensor, edge_attr: OptTensor
                  ) -> Tuple[Tensor, Tensor, Tensor, OptTensor, OptTensor]:
         """Queries, keys, values ``[N, H, C]``, the projected edge features, and ``lin_skip(x_dst)``
-        where it came from the same GEMM (else None)."""
+        ``[N, H, C]`` where it came from the same GEMM (else None)."""
         heads, channels = self.heads, self.out_channels
         skip: OptTensor = None
         if x_src is x_dst and self._fuse_qkv and hasattr(self.lin_query, "weight") and hasattr(self.lin_key, "weight") \
@@ -272,12 +272,11 @@ class TransformerConv(Projections, MessagePassing):
                     weights.append(self.lin_skip.weight)
                     if self.lin_skip.bias is not None:
                         biases.append(self.lin_skip.bias)
-                bias: OptTensor = torch.cat(biases) if len(biases) > 0 else None
                 # q, k, v (and the skip): column blocks of the one projection ([N, sides, H, C]);
                 # on CUDA the op writes q, k and v's gradients into one such buffer for the GEMMs'
                 # backward (_linear_sides).
-                sides = self._linear_sides(x_dst, torch.cat(weights), bias, len(weights))
-                query, key, value = [sides[i].view(-1, heads, channels) for i in range(3)]
+                sides = self._linear_sides(x_dst, weights, biases, heads)
+                query, key, value = sides[0], sides[1], sides[2]
                 if len(sides) == 4:
                     skip = sides[3]
             else:

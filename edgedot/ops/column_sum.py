@@ -90,10 +90,11 @@ def add_bias(x, bias):
     return cuda_module().add_bias_autograd(x, bias)
 
 
-def _extension_linear(x, weight, bias):
-    """Whether :func:`linear` takes the extension's node (see :func:`_tall`)."""
-    return not (x.dim() != 2 or not _tall(x, bias, weight) or not torch.is_grad_enabled() or not bias.requires_grad
-                or torch.float64 in (x.dtype, weight.dtype, bias.dtype))
+def _extension_linear(x, weight, bias, *others):
+    """Whether :func:`linear` (:func:`linear_sides`, ``others`` its further parameters) takes the
+    extension's node (see :func:`_tall`)."""
+    return not (x.dim() != 2 or not _tall(x, bias, weight, *others) or not torch.is_grad_enabled()
+                or not bias.requires_grad or any(t.dtype == torch.float64 for t in (x, weight, bias) + others))
 
 
 def _autocast_args(x, weight, bias):
@@ -114,14 +115,21 @@ def linear(x, weight, bias=None):
         return cuda_module().linear_autograd(x, weight, bias)
 
 
-def linear_sides(x, weight, bias, sides):
-    """``F.linear(x, weight, bias)`` for a 2-D ``x`` split into ``sides`` equal column blocks: a list
-    of ``sides`` views ``[rows, out_features / sides]`` (the projections of one input by one GEMM).
-    Their gradients are the same as through ``unbind``; where they are the column blocks of one
-    buffer (as :func:`edgedot.graph_attention` and :func:`edgedot.gatv2_attention` write them for
-    such inputs) the GEMMs take that buffer without a copy."""
-    if not _extension_linear(x, weight, bias):
-        return list(F.linear(x, weight, bias).view(x.shape[0], sides, -1).unbind(1))
-    x, weight, bias = _autocast_args(x, weight, bias)
+def linear_sides(x, weights, biases=None, heads=1):
+    """``F.linear`` of a 2-D ``x`` by several weights of one shape ``[width, in]`` (``biases``: one
+    ``[width]`` per weight, or None) as one GEMM: a list of one ``[rows, heads, width / heads]`` view
+    per weight, the column blocks of one result (the projections of one input). Outputs and
+    gradients are those of ``F.linear(x, torch.cat(weights), torch.cat(biases))`` viewed as
+    ``[rows, sides, heads, width / heads]`` and unbound; where the blocks' gradients are the column
+    blocks of one buffer (as :func:`edgedot.graph_attention` and :func:`edgedot.gatv2_attention`
+    write them for such inputs) the GEMMs take that buffer without a copy. Under autocast ``x`` and
+    the parameters are cast as autocast casts them for ``F.linear``."""
+    weights, biases = list(weights), list(biases) if biases is not None else []
+    if not _extension_linear(x, weights[0], biases[0] if biases else None, *weights[1:], *biases[1:]):
+        bias = torch.cat(biases) if biases else None
+        return list(F.linear(x, torch.cat(weights), bias).view(x.shape[0], len(weights), heads, -1).unbind(1))
+    cast = torch.is_autocast_enabled(x.device.type)
+    if cast:
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     with torch.autocast(x.device.type, enabled=False):
-        return cuda_module().linear_sides_autograd(x, weight, bias, sides)
+        return cuda_module().linear_sides_autograd(x, weights, biases, heads, cast)

@@ -92,10 +92,12 @@ at::Tensor bias_grad(const at::Tensor& grad, const at::Tensor& bias);
 // F.linear(x, weight, bias) and x + bias with C++ autograd nodes whose bias gradient is column_sum
 // (common/linear_autograd.cpp).
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
-// The same split into `sides` equal column blocks, [rows, out / sides] views of one result, whose
-// gradients reach the GEMMs without a copy where they share one buffer as its column blocks.
-std::vector<at::Tensor> linear_sides_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                              int64_t sides);
+// One GEMM of x by several weights of one shape [width, in] (each bias [width], or none): each
+// weight's column block as a [rows, heads, width / heads] view of one result, whose gradients reach
+// the GEMM without a copy where they share one buffer as its column blocks. With cast (autocast),
+// the weights and biases are taken in x's dtype.
+std::vector<at::Tensor> linear_sides_autograd(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                              const std::vector<at::Tensor>& biases, int64_t heads, bool cast);
 at::Tensor add_bias_autograd(const at::Tensor& x, const at::Tensor& bias);
 
 // ---- Edges grouped and sorted by row (common/grouping_ops.cpp) ----
