@@ -86,6 +86,22 @@ def test_linear_sides_without_bias_and_partial_grads(device):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_sides_errors_name_the_argument(device):
+    """Weights of different shapes, a head count that does not divide their width, or biases that
+    do not fit raise ValueError naming the argument, on every path."""
+    g = gen(6)
+    x, weights, biases = _sides_inputs(2, torch.float32, device, g)
+    weights = [w.requires_grad_() for w in weights]
+    biases = [b.requires_grad_() for b in biases]
+    with pytest.raises(ValueError, match="heads"):
+        linear_sides(x, weights, biases, 5)
+    with pytest.raises(ValueError, match="weights"):
+        linear_sides(x, [weights[0], weights[1][:12]], biases, 1)
+    with pytest.raises(ValueError, match="bias"):
+        linear_sides(x, weights, biases[:1], 1)
+
+
 @requires_cuda
 def test_linear_sides_on_cuda_are_views_of_one_node():
     """On CUDA the blocks are views of one result with the extension's node as their grad_fn (no

@@ -126,6 +126,7 @@ def linear_sides(x, weights, biases=None, heads=1):
     the parameters are cast as autocast casts them for ``F.linear``."""
     weights, biases = list(weights), list(biases) if biases is not None else []
     if not _extension_linear(x, weights[0], biases[0] if biases else None, *weights[1:], *biases[1:]):
+        _check_sides(weights, biases, heads)  # (the extension's node checks its own)
         bias = torch.cat(biases) if biases else None
         return list(F.linear(x, torch.cat(weights), bias).view(x.shape[0], len(weights), heads, -1).unbind(1))
     cast = torch.is_autocast_enabled(x.device.type)
@@ -133,3 +134,14 @@ def linear_sides(x, weights, biases=None, heads=1):
         x = x.to(torch.get_autocast_dtype(x.device.type))
     with torch.autocast(x.device.type, enabled=False):
         return cuda_module().linear_sides_autograd(x, weights, biases, heads, cast)
+
+
+def _check_sides(weights, biases, heads):
+    """ValueError naming the argument of :func:`linear_sides` that does not fit the others."""
+    shape = tuple(weights[0].shape)
+    if len(shape) != 2 or any(tuple(w.shape) != shape for w in weights):
+        raise ValueError(f"weights must share one 2-D shape [width, in], got {[tuple(w.shape) for w in weights]}")
+    if not isinstance(heads, int) or heads < 1 or shape[0] % heads:
+        raise ValueError(f"heads must be a positive divisor of the weights' width {shape[0]}, got {heads}")
+    if biases and (len(biases) != len(weights) or any(tuple(b.shape) != shape[:1] for b in biases)):
+        raise ValueError(f"biases must be one [{shape[0]}] per weight, got {[tuple(b.shape) for b in biases]}")
