@@ -156,9 +156,9 @@ def gat_layer_attention(x, att_src, att_dst, src_idx, dst_idx, *, a_edge=None, n
     ``a_src, a_dst = gat_node_logit_sides(x, att_src, att_dst)`` (``GATConv`` on one node set);
     the same outputs and gradients, in ``x``, ``att_src``, ``att_dst`` (each of ``H * C``
     elements, any shape), ``a_edge`` and ``residual``. The options and ``residual`` are
-    :func:`gat_attention`'s. Float tensors of
-    different dtypes are computed in their promoted dtype, as PyG's layer computes them under
-    autocast (``x`` in the autocast dtype, the attention vectors float32).
+    :func:`gat_attention`'s. Float tensors of different dtypes are computed in their promoted
+    dtype, as PyG's layer computes them under autocast (``x`` in the autocast dtype, the attention
+    vectors float32).
 
     On CUDA in plain eager autograd, with every float tensor of ``x``'s dtype, the logits and the
     attention are one autograd node (csrc/attention/autograd.cpp, ``GatLayerFunction``): no op
