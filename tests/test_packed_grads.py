@@ -9,7 +9,7 @@ import torch
 import edgedot
 from edgedot.ops.column_sum import linear, linear_sides
 from edgedot.runtime.build import cuda_module
-from utils import DEVICES, dtype_id, gen, rand_feat, requires_cuda
+from utils import DEVICES, FEAT_DTYPES, dtype_id, fill_cuda_cache_with_nan, gen, rand_feat, requires_cuda
 
 ROWS, IN, WIDTH = 700, 40, 24
 
@@ -218,21 +218,29 @@ def test_graph_attention_packed_gradients(dtype, graph):
 
 
 @requires_cuda
-@pytest.mark.parametrize("graph", ["uniform", "hubs"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("graph", ["uniform", "hubs", "empty_rows", "no_edges"])
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
 def test_graph_attention_packed_residual(dtype, graph):
     """A residual that is the fourth side of q, k and v's projection (TransformerConv's skip): its
-    gradient, grad_out, comes back beside dq, dk and dv in one [N, 4, H, D] buffer; the output and
-    the gradients are those of separate tensors, bit for bit."""
+    gradient, grad_out, comes back beside dq, dk and dv in one [N, 4, H, D] buffer, written by the
+    backward's dst pass for every row, rows without edges too (into memory the cache filled with
+    NaN); the output and the gradients are those of separate tensors, bit for bit."""
     g = torch.Generator("cuda").manual_seed(5)
     nodes, heads, dim = 3000, 4, 32
-    src, dst = _edges(graph, nodes, 20_000, g)
+    if graph == "empty_rows":  # destinations in the first third only
+        src = torch.randint(nodes, (20_000,), generator=g, device="cuda")
+        dst = torch.randint(nodes // 3, (20_000,), generator=g, device="cuda")
+    elif graph == "no_edges":
+        src = dst = torch.empty(0, dtype=torch.int64, device="cuda")
+    else:
+        src, dst = _edges(graph, nodes, 20_000, g)
     qkvr = torch.randn(nodes, 4, heads, dim, generator=g, device="cuda").to(dtype).requires_grad_()
     grad_out = torch.randn(nodes, heads, dim, generator=g, device="cuda").to(dtype)
 
     def attend(q, k, v, residual, src, dst):
         return edgedot.graph_attention(q, k, v, src, dst, residual=residual)
 
+    fill_cuda_cache_with_nan()
     (out, got), (out_copies, want) = _packed_and_separate(attend, qkvr, (), src, dst, grad_out)
     _assert_packed(got, heads, dim)
     assert torch.equal(out, out_copies) and torch.equal(got[3], grad_out)

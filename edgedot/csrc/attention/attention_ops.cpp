@@ -390,7 +390,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   // is the fourth side (TransformerConv's skip connection) gets its gradient, grad_out, beside them.
   const at::Tensor& residual = ResidualScope::residual();
   const bool packed_residual = kv_grad && PackedGradsScope::active() && residual.defined() &&
-                               residual.dim() == 3 && packed_sides({q, k, v, residual});
+                               residual.dim() == 3 && !scale_heads.has_value() && packed_sides({q, k, v, residual});
   const bool packed = packed_residual || (kv_grad && PackedGradsScope::active() && packed_sides({q, k, v}));
   AttentionInputs in = attention_inputs(q, k, v, edge_feat, num_edges, scale, dropout_p, scale_heads);
   if (dropout_p > 0.0) in.dropout.rng = recorded_dropout_rng(rng_state, q);
@@ -428,7 +428,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     dk = sides[1];
     dv = sides[2];
     args.grad_pack = static_cast<int32_t>(sides.size());
-    if (packed_residual) ResidualScope::set_grad(sides[3].copy_(grad_out));
+    if (packed_residual) {  // the dst pass writes it (grad_out) as it reads grad_out
+      args.residual_grad = sides[3].data_ptr();
+      ResidualScope::set_grad(sides[3]);
+    }
   } else {
     dq = at::empty({num_dst, in.heads, in.dim}, q.options());
     dk = kv_grad ? at::empty({num_src, in.heads, in.dim}, q.options()) : at::empty({0}, q.options());

@@ -410,6 +410,7 @@ __device__ __forceinline__ EdgeRecord<A> load_record(const EdgeRecord<A>* p) {
 //     after the team's last unit; the team serves head team % heads throughout (with_backward_dst);
 //   dst_merges<T>(args, list), src_merges<T>(args, list): adds the chunk merges of each pass's
 //     gradients to a MergeList (launch_backward_merges launches them together).
+//   kResidualGrad: whether its dst pass writes a packed residual's gradient (args.residual_grad);
 //   kSrcFromRecords: whether its src pass can read each (edge, head)'s alpha and ds from the dst
 //     pass (records(args), EdgeRecord<A>*; null when no src pass follows or they did not fit in
 //     memory: then Src recomputes them) instead of recomputing them (RecordsPolicy gives the flag,
@@ -600,6 +601,21 @@ attention_forward_kernel(typename Score::ForwardArgs a, int group, bool alpha_pa
   });
 }
 
+// A packed residual's gradient: grad_out (contiguous) copied into its side, grad_pack rows of heads x
+// dim_v apart (BackwardArgs::residual_grad; null: none), every row, in 16-byte pieces where the
+// pass's rows move as vectors (VEC > 1). By the dst pass's threads before their units: inside the
+// units, with the row held through the walk, the half types' pass spilled more.
+template <typename T, int VEC, typename Args>
+__device__ __forceinline__ void copy_residual_grad(const Args& a, int64_t num_dst, int64_t thread, int64_t threads) {
+  static_assert(VEC == 1 || VEC * sizeof(T) == 16, "a vector is 16 bytes");
+  using Piece = std::conditional_t<VEC == 1, T, uint4>;
+  if (a.residual_grad == nullptr) return;
+  const int64_t width = a.in.heads * a.in.dim_v / VEC;  // pieces a row
+  const Piece* from = static_cast<const Piece*>(a.grad_out.data);
+  Piece* to = static_cast<Piece*>(a.residual_grad);
+  for (int64_t x = thread; x < num_dst * width; x += threads) to[x + x / width * (a.grad_pack - 1) * width] = from[x];
+}
+
 // The backward's destination pass, by recomputation from lse: a team per (n, h) unit writes delta =
 // <grad_out, out>, the destination's own gradients and each edge's gradient (the score's), without
 // atomics. Per edge: ds = alpha * (<grad_out, value> * w - delta), w = keep / (1 - p)
@@ -626,6 +642,7 @@ attention_backward_dst_kernel(typename Score::BackwardArgs a, int group) {
   if constexpr (Score::kSrcFromRecords) records = Score::template records<A>(a);
   const uint64_t key = unpack_dropout_key(in.dropout.rng);  // the pair the forward recorded
 
+  if constexpr (Score::kResidualGrad) copy_residual_grad<T, VEC>(a, num_dst, thread, threads);
   Dst side(in);
   for_each_unit(a.dst, a.dst_chunks, num_dst, heads, in.num_edges, t, thread / group, threads / group,
                 [&](const WorkUnit& w) {

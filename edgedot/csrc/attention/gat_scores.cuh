@@ -46,6 +46,7 @@ struct GatFamily : RecordsPolicy {
   template <typename T, int NV, bool kEdge>
   static constexpr bool kFourBlocks = false;
   static constexpr bool kTeamGrads = false;
+  static constexpr bool kResidualGrad = false;  // its sides hold no residual (grad_pack 2)
 
   // Whether every row the passes read or write as rows can move as 16-byte vectors of T.
   template <typename T>

@@ -53,6 +53,7 @@ struct DotScore : RecordsPolicy {
   static bool edge_grads_wanted(const BackwardArgs& a) { return a.d_edge_feat != nullptr; }
 
   static constexpr bool kTeamScore = true;
+  static constexpr bool kResidualGrad = true;
   template <bool kEdge>
   static constexpr bool kHeavy = kEdge;
   template <typename T, int NV, bool kEdge>
@@ -93,7 +94,7 @@ struct DotScore : RecordsPolicy {
     const Inputs& in = a.in;
     return attention_vectorizable<T>({{&in.q, in.dim}, {&in.k, in.dim}, {&in.v, in.dim_v}, {&in.edge_feat, in.dim},
                                       {&a.grad_out, in.dim_v}, {&a.out, in.dim_v}, {&a.residual, in.dim_v}},
-                                     {a.dq, a.dk, a.dv, a.d_edge_feat});
+                                     {a.dq, a.dk, a.dv, a.d_edge_feat, a.residual_grad});
   }
 
   template <typename T, int VEC, int NV, bool kEdge, int B>
@@ -273,6 +274,7 @@ void launch_cosine_backward_src(const AttentionBackwardArgs& a, ScalarKind scala
 // normalised: q = k = x / |x| make <q, k> the cosine. The dst pass also sums, per unit, ds times
 // the unscaled dot product: the scale's gradient once summed over rows.
 struct CosineScore : DotScore {
+  static constexpr bool kResidualGrad = false;  // AGNN takes no residual
   template <typename T>
   __device__ __forceinline__ static accum_t<T> head_scale(const Inputs& in, int64_t h) {
     return to_accum(__ldg(static_cast<const T*>(in.scale_heads) + h));

@@ -329,8 +329,12 @@ struct AttentionBackwardArgs {
   // by the dst pass, read by the src pass; or null (the src pass then recomputes them).
   void* src_state;
   // dq, dk and dv's rows lie grad_pack rows of heads x dim apart: 3 where they are the three sides
-  // of one [rows, 3, heads, dim] tensor (packed_sides in attention/attention_ops.cpp), else 1.
+  // of one [rows, 3, heads, dim] tensor (packed_sides in attention/attention_ops.cpp), 4 with a
+  // packed residual, else 1.
   int32_t grad_pack = 1;
+  // A packed residual's gradient (grad_out itself), the fourth side beside dq: written by the dst
+  // pass as it reads grad_out, every row; or null. Graph attention's policy only (kResidualGrad).
+  void* residual_grad = nullptr;
 };
 
 // Edges a chunk of a long row holds, for a grouping of num_edges edges of these heads and head dims
