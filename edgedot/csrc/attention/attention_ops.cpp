@@ -428,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     dk = sides[1];
     dv = sides[2];
     args.grad_pack = static_cast<int32_t>(sides.size());
-    if (packed_residual) {  // the dst pass writes it (grad_out) as it reads grad_out
+    if (packed_residual) {  // the dst pass copies grad_out into it
       args.residual_grad = sides[3].data_ptr();
       ResidualScope::set_grad(sides[3]);
     }

@@ -332,8 +332,8 @@ struct AttentionBackwardArgs {
   // of one [rows, 3, heads, dim] tensor (packed_sides in attention/attention_ops.cpp), 4 with a
   // packed residual, else 1.
   int32_t grad_pack = 1;
-  // A packed residual's gradient (grad_out itself), the fourth side beside dq: written by the dst
-  // pass as it reads grad_out, every row; or null. Graph attention's policy only (kResidualGrad).
+  // A packed residual's gradient (grad_out itself), the fourth side beside dq: the dst pass copies
+  // grad_out there, every row; or null. Graph attention's policy only (kResidualGrad).
   void* residual_grad = nullptr;
 };
 
