@@ -304,11 +304,25 @@ def test_cuda_dropout_never_syncs():
     torch.cuda.synchronize()
 
 
+def _state_explaining(out, q, k, v, ef, src, dst, p, grad_out, seeds, last_offset):
+    """The (seed, offset) pairs among ``seeds`` x offsets 0 .. last_offset + 64 whose mask gives
+    ``out``: what a replay drew, when it is not what next_dropout_state told."""
+    found = []
+    for seed in seeds:
+        for offset in range(0, last_offset + 64, dropout.OFFSET_STEP):
+            keep = dropout_keep((seed, offset), src.shape[0], q.shape[1], p, "cuda")
+            if rel_error(out, reference(q, k, v, ef, src, dst, keep, p, grad_out)[0]) <= 1e-5:
+                found.append((seed, offset))
+    return found
+
+
 @requires_cuda
-def test_cuda_graph_replays_draw_new_masks():
+@pytest.mark.parametrize("before", ["nothing", "own_generator", "sync_debug"])
+def test_cuda_graph_replays_draw_new_masks(before):
     """graph_attention with dropout captured in a CUDA graph, forward and backward: each replay
     draws the state the default generator holds then (a new mask), and its output and gradients
-    follow that replay's mask."""
+    follow that replay's mask; also after calls that drew from a generator of their own, or ran
+    under ``set_sync_debug_mode("error")``, as an earlier test in the same process may have."""
     q, k, v, ef, src, dst = inputs("cuda", num_src=300, num_dst=200, num_edges=6000, heads=4, dim=32,
                                    dtype=torch.float32)
     p = 0.35
@@ -316,10 +330,21 @@ def test_cuda_graph_replays_draw_new_masks():
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, ef)]
     grad_out = torch.randn(q.shape[0], q.shape[1], v.shape[-1], device="cuda")
 
-    def step():
+    def step(generator=None):
         out = edgedot.graph_attention(*leaves[:3], src, dst, scale=0.35, edge_feat=leaves[3], dropout_p=p,
-                                      plan=plan, check_indices=False)
+                                      plan=plan, check_indices=False, generator=generator)
         return (out,) + torch.autograd.grad(out, leaves, grad_out)
+    if before == "own_generator":
+        step(torch.Generator("cuda").manual_seed(1))
+    elif before == "sync_debug":
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -336,7 +361,11 @@ def test_cuda_graph_replays_draw_new_masks():
         torch.cuda.synchronize()
         keep = dropout_keep(state, src.shape[0], q.shape[1], p, "cuda")
         out64, grads64 = reference(q, k, v, ef, src, dst, keep, p, grad_out)
-        assert rel_error(static[0], out64) <= 1e-5
+        if rel_error(static[0], out64) > 1e-5:
+            seed, offset = state.tolist()
+            drawn = _state_explaining(static[0], q, k, v, ef, src, dst, p, grad_out, {seed, 1}, offset)
+            pytest.fail(f"the replay's output follows no mask of the state told, {(seed, offset)}; "
+                        f"it follows {drawn or 'none of the states searched'}")
         assert_close_to(static[1:], grads64, 1e-5)
         replays.append((state, static[0].clone()))
     assert not torch.equal(replays[0][0], replays[1][0]), "each replay moves the offset on"
