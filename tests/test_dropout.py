@@ -8,7 +8,7 @@ import torch
 import edgedot
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
-from utils import DEVICES, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda
+from utils import DEVICES, capture_graph, gen, raises_checked, rand_feat, rand_index, rel_error, requires_cuda
 
 OP = torch.ops.edgedot.graph_attention.default
 BACKWARD_OP = torch.ops.edgedot.graph_attention_backward.default
@@ -344,16 +344,7 @@ def test_cuda_graph_replays_draw_new_masks(before):
             step()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_graph(step)
     replays = []
     for _ in range(3):
         state = next_dropout_state("cuda")

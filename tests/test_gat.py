@@ -14,9 +14,9 @@ from edgedot.ops import gat as gat_ops
 from edgedot.ops.attention import dropout_keep, next_dropout_state
 from edgedot.runtime import dropout
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, PATHS_AGREE, assert_accurate, assert_one_chunk_path_kept,
-                   assert_records_change_nothing, assert_unchanged, dtype_id, fill_cuda_cache_with_nan, gen,
-                   raises_checked, rand_feat, rand_index, records_case_graph, rel_error, requires_cuda, skewed_index,
-                   snapshot, walk_in_chunks)
+                   assert_records_change_nothing, assert_unchanged, capture_graph, dtype_id, fill_cuda_cache_with_nan,
+                   gen, raises_checked, rand_feat, rand_index, records_case_graph, rel_error, requires_cuda,
+                   skewed_index, snapshot, walk_in_chunks)
 
 GAT_OP = torch.ops.edgedot.gat_attention.default
 GAT_BACKWARD_OP = torch.ops.edgedot.gat_attention_backward.default
@@ -997,15 +997,7 @@ def test_cuda_graph_replays_draw_new_masks(kind):
     def step():
         out = kind.call(kind.fn, leaves, src, dst, dropout_p=p, plan=plan, check_indices=False)
         return (out,) + torch.autograd.grad(out, leaves, grad_out)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_graph(step)
     outs = []
     for replay in range(3):
         state = next_dropout_state("cuda")

@@ -385,3 +385,22 @@ def count_graph_checks(monkeypatch):
     monkeypatch.setattr(checks, "launch_grouping_check", counted_grouping)
     monkeypatch.setattr(checks, "launch_self_looped_check", counted_self_looped)
     return calls
+
+
+def capture_graph(step, warmups=2):
+    """``step()`` warmed up on a side stream, then captured in a CUDA graph: ``(graph, outputs)``.
+    Waits for the device after the capture: as capture begins, torch writes the default
+    generator's graph-side state (its seed, offset 0) on the capture stream, in no order with a
+    replay on another stream, so a first replay that overtakes that write draws offset 0's
+    dropout mask (seen on a GPU shared by many processes; torch's own dropout alike)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    torch.cuda.synchronize()
+    return graph, outputs
