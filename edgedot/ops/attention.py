@@ -245,7 +245,11 @@ def next_dropout_state(device="cpu", generator=None):
     with ``dropout_p > 0`` on ``device`` draws from ``generator`` (default: the device's default
     generator). Nothing is drawn: the generator stays as it is.
     Pass the state to :func:`dropout_keep` for the call's mask. Before a CUDA graph's replay it
-    tells the state of the graph's first call with dropout."""
+    tells the state of the graph's first call with dropout, once the capture has finished on the
+    device (``torch.cuda.synchronize()`` after capturing): as capture begins, torch writes the
+    generator's device-side state (its seed, offset 0) on the capture stream, and a first replay
+    on another stream that overtakes that write draws from offset 0 instead (torch's own dropout
+    alike)."""
     return dropout.next_state(device, generator)
 
 
