@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import edgedot
-from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, check_forward, dtype_id, fill_cuda_cache_with_nan, gen,
-                   launched_kernels, raises_checked, rand_feat, rand_index, reference, reference64, reference_grads,
-                   rel_error, requires_cuda, skewed_index)
+from utils import (CHUNK_EDGES, FEAT_DTYPES, assert_accurate, capture_graph, check_forward, dtype_id,
+                   fill_cuda_cache_with_nan, gen, launched_kernels, raises_checked, rand_feat, rand_index, reference,
+                   reference64, reference_grads, rel_error, requires_cuda, skewed_index)
 
 pytestmark = requires_cuda
 
@@ -20,16 +20,6 @@ def _static_inputs(heads, g):
     return src, dst, src_idx, dst_idx
 
 
-def _warmup(fn, n=3):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(n):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-
 @pytest.mark.parametrize("check_indices", [True, False])
 @pytest.mark.parametrize("heads", [False, True])
 def test_graph_capture_forward(heads, check_indices):
@@ -39,10 +29,7 @@ def test_graph_capture_forward(heads, check_indices):
     def run():
         return edgedot.edge_dot(src, dst, src_idx, dst_idx, check_indices=check_indices)
 
-    _warmup(run)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture_graph(run, warmups=3)
     for step in range(3):  # new values in the static inputs, then replay
         src.copy_(rand_feat(src.shape, torch.float32, "cuda", g))
         dst.copy_(rand_feat(dst.shape, torch.float32, "cuda", g))
@@ -72,10 +59,7 @@ def test_graph_capture_forward_backward(use_plan):
         out = edgedot.edge_dot(src, dst, src_idx, dst_idx, plan=plan)
         return (out, *torch.autograd.grad(out, (src, dst), grad_out))
 
-    _warmup(run)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, grad_src, grad_dst = run()
+    graph, (out, grad_src, grad_dst) = capture_graph(run, warmups=3)
     for step in range(2):
         with torch.no_grad():
             src.copy_(rand_feat(src.shape, torch.float32, "cuda", g))
