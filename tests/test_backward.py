@@ -5,7 +5,7 @@ import torch
 
 import edgedot
 from utils import (DEVICES, FEAT_DTYPES, INDEX_DTYPES, CHUNK_EDGES, assert_accurate, check_backward,
-                   dtype_id, edgedot_grads, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
+                   check_forward, dtype_id, edgedot_grads, fill_cuda_cache_with_nan, gen, rand_feat, rand_index,
                    reference, reference_grads, rel_error, requires_cuda, scatter_grads, skewed_index)
 
 # name -> (num_src, src shape after N, num_dst, dst shape after N, num_edges)
@@ -353,19 +353,22 @@ def _op_grads(src, dst, src_idx, dst_idx, grad_out):
 
 
 @pytest.mark.cpu_only
-@pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "chunked"])
-@pytest.mark.parametrize("case", ["2d", "heads", "broadcast_1", "broadcast_2d", "no_edges"])
+@pytest.mark.parametrize("case,path", [(case, path) for case in ("2d", "heads", "broadcast_1", "broadcast_2d", "no_edges")
+                                       for path in ("one_chunk", "chunked")] + [("2d", "pairs")])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
-def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, monkeypatch):
-    """On the CPU, edge_dot's eager paths (problems of one chunk as ATen ops autograd records, the
-    rest through an autograd.Function) give the registered op's outputs and gradients, bit for
-    bit, on contiguous and non-contiguous features."""
+def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, path, monkeypatch):
+    """On the CPU, edge_dot's eager paths (small tables' products of every pair, problems of one
+    chunk as ATen ops autograd records, the rest through an autograd.Function) give the registered
+    op's outputs and gradients, bit for bit, on contiguous and non-contiguous features."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
-    if chunked:
+    if path != "pairs":
+        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
+    if path == "chunked":
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 256)
     src, dst, src_idx, dst_idx = _graph(case, dtype, index_dtype, "cpu", seed=11)
+    assert cpu_edge_dot.all_pairs_pay(src, dst, src_idx.shape[0]) == (path == "pairs")
     grad_out = _grad_out(src, dst, src_idx.shape[0], gen(12))
     strided = (src.transpose(0, -1).contiguous().transpose(0, -1), dst[:, None].expand(-1, 2, *dst.shape[1:])[:, 1])
     for s, d in ((src, dst), strided):
@@ -373,7 +376,7 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, chunked, mo
         want = _op_grads(s, d, src_idx, dst_idx, grad_out)
         se, de = s.detach().clone().requires_grad_(True), d.detach().clone().requires_grad_(True)
         out = edgedot.edge_dot(se, de, src_idx, dst_idx)
-        recorded = not chunked or case == "no_edges"
+        recorded = path != "chunked" or case == "no_edges"
         assert (type(out.grad_fn).__name__ == "EagerCPUEdgeDotBackward") != recorded, type(out.grad_fn)
         got = (out, *torch.autograd.grad(out, (se, de), grad_out))
         for name, a, b in zip(("out", "grad src_feat", "grad dst_feat"), got, want):
@@ -424,6 +427,7 @@ def test_cpu_function_grads_match_the_recorded_path(shape, index_dtype, monkeypa
     sparse product, by the shape) have the bits of the recorded path's (autograd's own
     index_add_ / index_put_), in one chunk and in several, with a hub among the rows."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
+    monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)  # the gathers' sums (test_cpu_pairs_*: the pairs')
     num_nodes, num_edges, dim = shape
     g = gen(23)
     src_idx = torch.randint(num_nodes, (num_edges,), generator=g)
@@ -450,26 +454,31 @@ def test_cpu_function_grads_match_the_recorded_path(shape, index_dtype, monkeypa
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", ["recorded", "recorded_strided", "function", "no_grad", "no_grad_chunked", "op"])
+@pytest.mark.parametrize("path", ["pairs", "pairs_no_grad", "pairs_op", "recorded", "recorded_strided", "function",
+                                  "no_grad", "no_grad_chunked", "op"])
 def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
     """Every CPU path refuses a negative index (which indexing would read from the end) or one
     past the rows with an IndexError naming the index tensor and its value, found by the path's
-    own gathers (indexing after a check of its minimum, index_select): the recorded ATen ops, the
-    autograd.Function of problems of several chunks, the forward without autograd and the op."""
+    own gathers (indexing after a check of its minimum, index_select): small tables' products of
+    every pair, the recorded ATen ops, the autograd.Function of problems of several chunks, the
+    forward without autograd and the op."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
+    if not path.startswith("pairs"):
+        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
     if path in ("function", "no_grad_chunked"):
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 8)
     g = gen(13)
-    grad = path in ("recorded", "recorded_strided", "function")
+    grad = path in ("pairs", "recorded", "recorded_strided", "function")
     src = rand_feat((6, 4), torch.float32, "cpu", g, requires_grad=grad)
     dst = rand_feat((5, 4), torch.float32, "cpu", g, requires_grad=grad)
     if path == "recorded_strided":
         src = rand_feat((4, 6), torch.float32, "cpu", g).t().requires_grad_()
+    assert cpu_edge_dot.all_pairs_pay(src, dst, 7) == path.startswith("pairs")
     for name, bad in (("src_idx", -1), ("src_idx", 6), ("dst_idx", -2), ("dst_idx", 5)):
         src_idx, dst_idx = torch.zeros(7, dtype=index_dtype), torch.zeros(7, dtype=index_dtype)
         (src_idx if name == "src_idx" else dst_idx)[5] = bad
         with pytest.raises(IndexError, match=f"{name} holds {bad}, outside"):
-            if path == "op":
+            if path.endswith("op"):
                 torch.ops.edgedot.edge_dot(src, dst, src_idx, dst_idx, None, None, False, True)
             else:
                 out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
@@ -496,20 +505,90 @@ def test_cpu_eager_path_of_large_half_tables(dtype, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "chunked"])
-def test_cpu_index_refilled_before_backward_is_refused(chunked, monkeypatch):
+@pytest.mark.parametrize("path", ["pairs", "one_chunk", "chunked"])
+def test_cpu_index_refilled_before_backward_is_refused(path, monkeypatch):
     """An index tensor written in place between the forward and the backward (a loader refilling
-    its buffer) makes the backward raise, as eager PyTorch's does, on both CPU paths."""
+    its buffer) makes the backward raise, as eager PyTorch's does, on every CPU path."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
-    if chunked:
+    if path != "pairs":
+        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
+    if path == "chunked":
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 16)
     g = gen(15)
     src = rand_feat((10, 4), torch.float32, "cpu", g, requires_grad=True)
     dst = rand_feat((9, 4), torch.float32, "cpu", g, requires_grad=True)
+    assert cpu_edge_dot.all_pairs_pay(src, dst, 30) == (path == "pairs")
     for name in ("src_idx", "dst_idx"):
         src_idx, dst_idx = rand_index(10, 30, torch.int64, "cpu", g), rand_index(9, 30, torch.int64, "cpu", g)
         out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
         (src_idx if name == "src_idx" else dst_idx).copy_(torch.zeros(30, dtype=torch.int64))
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             out.sum().backward()
+
+
+# name -> (num_src, num_dst, num_edges, dim): small tables beside their edges (the pairs' path)
+PAIR_CASES = {
+    "seed_like": (64, 48, 1024, 32),
+    "hub_and_repeats": (20, 15, 600, 7),
+    "one_row": (1, 9, 40, 5),
+    "most_edges": (40, 30, 32767, 3),
+}
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("case", list(PAIR_CASES))
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+def test_cpu_pairs_match_the_reference(dtype, index_dtype, case, strided):
+    """Small tables beside many edges take every pair's product from one GEMM: outputs and both
+    gradients against float64, with repeated pairs and a hub, both index dtypes, strided
+    features, and the registered op's bits."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    num_src, num_dst, num_edges, dim = PAIR_CASES[case]
+    g = gen(31)
+    src, dst = rand_feat((num_src, dim), dtype, "cpu", g), rand_feat((num_dst, dim), dtype, "cpu", g)
+    if strided:
+        src = rand_feat((dim, num_src), dtype, "cpu", g).t()
+    src_idx, dst_idx = rand_index(num_src, num_edges, index_dtype, "cpu", g), rand_index(num_dst, num_edges, index_dtype, "cpu", g)
+    if case == "hub_and_repeats":
+        src_idx[::3], dst_idx[::3] = 4, 2  # one pair repeated 200 times: its gradient sums them
+    assert cpu_edge_dot.all_pairs_pay(src, dst, num_edges)
+    check_forward(src, dst, src_idx, dst_idx)
+    grad_out = rand_feat((num_edges,), dtype, "cpu", g)
+    check_backward(src, dst, src_idx, dst_idx, grad_out)
+    want = _op_grads(src, dst, src_idx, dst_idx, grad_out)
+    se, de = src.detach().clone().requires_grad_(True), dst.detach().clone().requires_grad_(True)
+    out = edgedot.edge_dot(se, de, src_idx, dst_idx)
+    got = (out, *torch.autograd.grad(out, (se, de), grad_out))
+    for name, a, b in zip(("out", "grad src_feat", "grad dst_feat"), got, want):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("path", ["pairs", "gathers"])
+def test_cpu_gradients_repeat_at_aten_parallel_threshold(path):
+    """Indexing's backward (index_put_) adds float32 in parallel by atomics from 32,768 elements
+    on more than one thread, each run rounding its own way: the CPU paths that use it stay below,
+    so gradients repeat bit for bit at the sizes on either side of that threshold."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = gen(33)
+        for num_edges, dim in ((2048, 16), (2047, 16), (32767, 1), (32768, 1)):
+            rows = 40 if path == "pairs" else 5000
+            src, dst = rand_feat((rows, dim), torch.float32, "cpu", g), rand_feat((rows, dim), torch.float32, "cpu", g)
+            src_idx = rand_index(3, num_edges, torch.int64, "cpu", g)  # a few hubs: many terms a row
+            dst_idx = rand_index(rows, num_edges, torch.int64, "cpu", g)
+            grad_out = rand_feat((num_edges,), torch.float32, "cpu", g) * 100
+            if path == "pairs" and not cpu_edge_dot.all_pairs_pay(src, dst, num_edges):
+                continue
+            runs = []
+            for _ in range(8):
+                s = src.clone().requires_grad_(True)
+                runs.append(torch.autograd.grad(edgedot.edge_dot(s, dst, src_idx, dst_idx), s, grad_out)[0])
+            assert all(torch.equal(r, runs[0]) for r in runs), (num_edges, dim)
+    finally:
+        torch.set_num_threads(threads)

@@ -16,11 +16,71 @@ CHUNK_ELEMENTS = 1 << 19
 # index_add_ (scatter_add_), a sparse product or flat views, each adding a row's terms in edge
 # order. The recorded path (recorded_forward) leaves its sums to autograd: below this many
 # elements it gathers by indexing, whose backward sums by index_put_, serially there and at half
-# of index_add_'s fixed cost (2 cores, 200 edges of 16 floats: 12 against 24 µs); above it by
-# index_select with an int64 index, whose backward runs index_add_ as scatter_add_ (by int32 it
-# adds one row at a time: forward + backward on 100,000 edges of 4 x 32 floats, 52.9 -> 24.3 ms
-# on 2 cores). Every one of these sums gives the same bits.
-SERIAL_SUM_ELEMENTS = 1 << 15
+# of index_add_'s fixed cost (2 cores, 200 edges of 16 floats: 12 against 24 µs). From this many
+# (ATen's GRAIN_SIZE) index_put_ adds float32 in parallel by atomics, each run rounding its own
+# way; there the recorded path gathers by index_select with an int64 index, whose backward runs
+# index_add_ as scatter_add_ (by int32 it adds one row at a time: forward + backward on 100,000
+# edges of 4 x 32 floats, 52.9 -> 24.3 ms on 2 cores). Every one of these sums gives the same bits.
+PARALLEL_ACCUMULATE_ELEMENTS = 1 << 15
+
+
+# Tables small beside their edges take every pair's product from one GEMM, the edges' entries then
+# picked from it (:func:`all_pairs_pay`): pairs * (D + PAIR_ROW_COST) <= PAIRS_PER_EDGE * E * D,
+# about two thirds of the break-even of forward + backward (2 cores, float32: the pairs' matrix
+# costs about 35 products' time a pair, and the GEMM runs about 100 times as many products a
+# second as the gathers; docs/performance.md, CPU). At most MAX_PAIRS pairs (the matrix, and the
+# backward's matrix of gradients, are that large), and fewer edges than
+# PARALLEL_ACCUMULATE_ELEMENTS (the backward sums by index_put_).
+PAIR_ROW_COST = 32
+PAIRS_PER_EDGE = 64
+MAX_PAIRS = 1 << 22
+
+
+def all_pairs_pay(src_feat, dst_feat, num_edges):
+    """Whether a problem takes :func:`pair_products`: tables ``[N, D]`` (no heads) whose every pair
+    of rows costs less to multiply by one GEMM than the edges' rows cost to gather, and for half
+    types small enough to widen whole."""
+    if src_feat.dim() != 2 or dst_feat.dim() != 2 or not 0 < num_edges < PARALLEL_ACCUMULATE_ELEMENTS:
+        return False
+    dim = src_feat.shape[1]
+    pairs = src_feat.shape[0] * dst_feat.shape[0]
+    if pairs > MAX_PAIRS or pairs * (dim + PAIR_ROW_COST) > PAIRS_PER_EDGE * num_edges * dim:
+        return False
+    return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
+
+
+def _refuse_negative(*indices):
+    # Indexing reads a negative index from the end: refused here (one past the rows it refuses itself).
+    for idx in indices:
+        if idx.min().item() < 0:
+            raise IndexError("negative index")
+
+
+def pair_products(src_feat, dst_feat, src_idx, dst_idx):
+    """:func:`forward` of an :func:`all_pairs_pay` problem, ``[E]``, as differentiable ATen ops
+    (autograd records them, as :func:`recorded_forward`'s): the products of every pair of rows, one
+    GEMM in the accumulation dtype (half types widened first), then each edge's entry by indexing,
+    which refuses an index outside the table before reading it (an ``IndexError``) and keeps the
+    indices for its backward (written in place before the backward, they make it raise). That
+    backward sums the edges' gradients into the matrix of pairs by ``index_put_`` (serially, in
+    edge order) and multiplies it by each table; :func:`grad_rows` does the same, for the same
+    bits."""
+    _refuse_negative(src_idx, dst_idx)
+    dtype, acc = src_feat.dtype, acc_dtype(src_feat.dtype)
+    # Contiguous tables: autograd's GEMMs for the gradients follow the tables' layout, and so would
+    # their bits.
+    pairs = in_dtype(src_feat, acc).contiguous().mm(in_dtype(dst_feat, acc).contiguous().t())
+    return in_dtype(pairs[src_idx, dst_idx], dtype)
+
+
+def _pair_grad(grad_out, row_feat, other_feat, row_idx, other_idx):
+    """:func:`grad_rows` of an :func:`all_pairs_pay` problem: the edges' gradients summed into the
+    ``[rows, other rows]`` matrix, times the other table (:func:`pair_products`' backward)."""
+    _refuse_negative(row_idx, other_idx)
+    acc = acc_dtype(row_feat.dtype)
+    grads = torch.zeros((row_feat.shape[0], other_feat.shape[0]), dtype=acc)
+    grads.index_put_((row_idx, other_idx), in_dtype(grad_out, acc), accumulate=True)
+    return in_dtype(grads.mm(in_dtype(other_feat, acc).contiguous()), row_feat.dtype)
 
 
 def _as_3d(feat):
@@ -53,6 +113,8 @@ def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
     acc = acc_dtype(src_feat.dtype)
     num_edges, dim = src_idx.shape[0], src_feat.shape[-1]
     heads = max(heads_of(src_feat), heads_of(dst_feat))
+    if all_pairs_pay(src_feat, dst_feat, num_edges):
+        return pair_products(src_feat, dst_feat, src_idx, dst_idx).view(out_shape)
     if one_chunk(num_edges, heads, dim):  # no slices, no copy into out
         if src_feat.shape[1:] != dst_feat.shape[1:]:  # one side has one head
             src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
@@ -71,8 +133,10 @@ def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
 
 
 def recordable(src_feat, dst_feat, num_edges, heads):
-    """Whether :func:`recorded_forward` serves a problem: its gathered rows fit one chunk, and for
-    half types its tables too (they are widened whole)."""
+    """Whether :func:`recorded_forward` serves a problem: it takes :func:`pair_products`, or its
+    gathered rows fit one chunk, and for half types its tables too (they are widened whole)."""
+    if all_pairs_pay(src_feat, dst_feat, num_edges):
+        return True
     if not one_chunk(num_edges, heads, src_feat.shape[-1]):
         return False
     return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
@@ -87,12 +151,14 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
     float32 and rounded once), whose backward sums by ``index_put_`` (indexing's) or ``index_add_``
     (``index_select``'s) as :func:`grad_rows` does. Its gathers refuse an index outside the table
     before reading it (an ``IndexError``). The output has :func:`forward`'s shape."""
+    if all_pairs_pay(src_feat, dst_feat, src_idx.shape[0]):
+        return pair_products(src_feat, dst_feat, src_idx, dst_idx)
     dtype, acc = src_feat.dtype, acc_dtype(src_feat.dtype)
     if dtype != acc:
         src_feat, dst_feat = src_feat.to(acc), dst_feat.to(acc)
     if src_feat.shape[1:] != dst_feat.shape[1:]:
         src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
-    serial = src_idx.shape[0] * max(_row_elements(src_feat), _row_elements(dst_feat)) <= SERIAL_SUM_ELEMENTS
+    serial = src_idx.shape[0] * max(_row_elements(src_feat), _row_elements(dst_feat)) < PARALLEL_ACCUMULATE_ELEMENTS
     out = (_recorded_gather(src_feat, src_idx, serial) * _recorded_gather(dst_feat, dst_idx, serial)).sum(-1)
     return in_dtype(out, dtype)
 
@@ -111,6 +177,8 @@ def _recorded_gather(feat, idx, serial):
 
 def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
     """Gradient of the output with respect to ``row_feat`` (the side indexed by ``row_idx``)."""
+    if all_pairs_pay(row_feat, other_feat, row_idx.shape[0]):
+        return _pair_grad(grad_out, row_feat, other_feat, row_idx, other_idx)
     acc = acc_dtype(row_feat.dtype)
     if row_feat.shape[1:] == other_feat.shape[1:] and one_chunk(row_idx.shape[0], 1, _row_elements(row_feat)):
         # One chunk, both sides alike: [E, D] or [E, H, D] as given.
