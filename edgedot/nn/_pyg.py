@@ -306,12 +306,15 @@ class Adjacency(NamedTuple):
     hybrid ``torch.sparse`` tensor), used where no ``edge_attr`` is passed, as PyG does; or None.
     ``checked``: whether the layer checked ``src`` and ``dst`` itself (the kernel need not; on CUDA
     the verdict may still be on its way, raised by a later call).
+    ``names``: where the layer leaves the check to the op, the names its errors give ``src``,
+    ``dst`` and a pointer (:func:`edgedot.runtime.checks.call_naming_graph`), else None.
     """
     src: torch.Tensor
     dst: torch.Tensor
     dst_ptr: Optional[torch.Tensor]
     edge_attr: Optional[torch.Tensor]
     checked: bool
+    names: Optional[Tuple[str, str, str]] = None
 
 
 def adjacency(edge_index, num_src, num_dst, flow="source_to_target"):
@@ -426,6 +429,10 @@ def _claimed_sorted(edge_index, num_src, num_dst, flow, dst_ptr, order):
 
 def _dense(edge_index, num_src, num_dst, flow, dst_ptr):
     src, dst = (edge_index[0], edge_index[1]) if flow == "source_to_target" else (edge_index[1], edge_index[0])
+    if edge_index.is_cuda and dst_ptr is None:
+        # Left to the op, under the rows' names: the kernel grouping a new graph checks both rows
+        # on the way, with no launch of its own (with a plan, the op's check is this one's).
+        return Adjacency(src, dst, None, None, False, _row_names(flow) + ("dst_ptr",))
     return Adjacency(src, dst, dst_ptr, None, dense_in_range(edge_index, num_src, num_dst, flow))
 
 

@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from ..ops.agnn import agnn_attention
+from ..runtime.checks import call_naming_graph
 from ._pyg import (Adj, MessagePassing, OptTensor, SparseTensor, add_self_loops, adjacency, fused_path,
                    is_torch_sparse_tensor, remove_self_loops, self_looped, softmax, torch_sparse)
 
@@ -112,7 +113,8 @@ class AGNNConv(MessagePassing):
                 edge_index, _ = remove_self_loops(edge_index)
                 edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
         adj = adjacency(edge_index, num_nodes, num_nodes, self.flow)
-        out = agnn_attention(x, self.beta, adj.src, adj.dst, dst_ptr=adj.dst_ptr, check_indices=not adj.checked)
+        out = call_naming_graph(adj.names, agnn_attention, x, self.beta, adj.src, adj.dst, dst_ptr=adj.dst_ptr,
+                                check_indices=not adj.checked)
         return out.to(torch.promote_types(x.dtype, self.beta.dtype))
 
     def __repr__(self):

@@ -15,7 +15,7 @@ from ..ops import checked_graph
 from ..ops.attention import dropout_keep, next_dropout_state
 from ..ops.gat import gat_attention, gat_layer_attention, gatv2_attention
 from ..ops.node_logits import gat_node_logit_sides, gat_node_logits
-from ..runtime.checks import self_looped_with_check
+from ..runtime.checks import call_naming_graph, self_looped_with_check
 from ._pyg import (Adj, Adjacency, Linear, MessagePassing, NoneType, OptPairTensor, OptTensor, PairTensor, Projections,
                    Size, SparseTensor, add_self_loops, adjacency, attention_weights, check_edge_attr, compute_loop_attr,
                    dense_in_range, fused_path, is_torch_sparse_tensor, loops_of, may_check, remove_self_loops,
@@ -262,9 +262,9 @@ class _GATBase(Projections, MessagePassing):
             out = checked_graph.attend(op, tensors, adj.src, adj.dst, num_src, num_dst, self.negative_slope, dropout_p,
                                        want_alpha)
         if out is None:
-            out = op(*tensors[:3], adj.src, adj.dst, negative_slope=self.negative_slope, dropout_p=dropout_p,
-                     dst_ptr=adj.dst_ptr, check_indices=not adj.checked, return_attention=want_alpha, residual=bias,
-                     **{edge_name: tensors[3]})
+            out = call_naming_graph(adj.names, op, *tensors[:3], adj.src, adj.dst, negative_slope=self.negative_slope,
+                                    dropout_p=dropout_p, dst_ptr=adj.dst_ptr, check_indices=not adj.checked,
+                                    return_attention=want_alpha, residual=bias, **{edge_name: tensors[3]})
             out = out if want_alpha else (out, None)
         out, alpha = out
         out = self._finish(out, res, bias is not None)

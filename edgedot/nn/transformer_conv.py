@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..ops import checked_graph
 from ..ops.attention import graph_attention
+from ..runtime.checks import call_naming_graph
 from ._pyg import (Adj, Linear, MessagePassing, NoneType, OptTensor, PairTensor, Projections, SparseTensor,
                    adjacency, attention_weights, check_edge_attr, fused_path, is_torch_sparse_tensor, one_gemm_pays,
                    softmax)
@@ -233,9 +234,10 @@ class TransformerConv(Projections, MessagePassing):
                                        x_src.shape[0], x_dst.shape[0], 1.0 / math.sqrt(query.shape[-1]), dropout_p,
                                        want_alpha)
         if out is None:
-            out = graph_attention(query, key, value, adj.src, adj.dst, edge_feat=edge_feat, dropout_p=dropout_p,
-                                  plan=plan, dst_ptr=adj.dst_ptr if plan is None else None,
-                                  check_indices=not adj.checked, return_attention=want_alpha, residual=residual)
+            out = call_naming_graph(adj.names, graph_attention, query, key, value, adj.src, adj.dst,
+                                    edge_feat=edge_feat, dropout_p=dropout_p, plan=plan,
+                                    dst_ptr=adj.dst_ptr if plan is None else None, check_indices=not adj.checked,
+                                    return_attention=want_alpha, residual=residual)
             out = out if want_alpha else (out, None)
         out, alpha = out
         out = out.reshape(-1, self.heads * self.out_channels) if residual is not None else \

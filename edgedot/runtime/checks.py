@@ -175,12 +175,37 @@ CHECKED_SRC, CHECKED_DST, CHECKED_PTR = 1, 2, 4
 OP_NAMES = ("src_idx", "dst_idx", "dst_ptr")
 
 
-def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES):
+_naming = threading.local()
+
+
+def graph_names():
+    """The names a graph's tensors go by in the errors of the checks run now: the op's argument
+    names (:data:`OP_NAMES`), or a layer's inside :func:`call_naming_graph`."""
+    return getattr(_naming, "names", OP_NAMES)
+
+
+def call_naming_graph(names, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its graph checks (the op's own, or its grouping kernel's) naming the
+    source indices, destination indices and pointer ``names`` (a layer's ``edge_index[0]``, ...),
+    where ``names`` is not None. A layer that leaves the check of its ``edge_index`` to the op
+    calls the op so: the op's grouping kernel then checks the graph without a launch of its own.
+    Under ``torch.compile`` the call is plain (the op's own names)."""
+    if names is None or torch.compiler.is_compiling():
+        return fn(*args, **kwargs)
+    saved = graph_names()
+    _naming.names = names
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _naming.names = saved
+
+
+def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=None):
     """Raises IndexError naming ``src_idx`` / ``dst_idx`` and the bad index if one lies outside
     ``[0, num_src)`` / ``[0, num_dst)``, and with ``dst_ptr`` (int32/int64 ``[num_dst + 1]``, shape
     already checked) ValueError naming it unless it is ``dst_idx``'s CSR pointer: it starts at 0,
     ends at E, never decreases, and edge i lies in the range of its destination ``dst_idx[i]``.
-    ``names`` are the three tensors' names in the errors.
+    ``names`` are the three tensors' names in the errors (default: :func:`graph_names`).
 
     On the CPU the check runs here, every call: its memory can be rewritten behind PyTorch's
     version counter (a numpy buffer behind ``torch.from_numpy``, refilled by a data loader), and
@@ -197,6 +222,8 @@ def check_graph(src_idx, num_src, dst_idx, num_dst, dst_ptr=None, names=OP_NAMES
     launches nothing; a write that bypasses the version counter (``.data``, DLPack) is then not
     seen, with the same safe outcome. Nothing is launched while a CUDA graph is captured (a replay
     could not report what it found)."""
+    if names is None:
+        names = graph_names()
     if not src_idx.is_cuda:
         flags = graph_flags(src_idx, num_src, dst_idx, num_dst, dst_ptr, True, True)
         if flags:
@@ -242,11 +269,12 @@ def grouping_with_check(dst_idx, src_idx, num_dst, num_src, both):
     with ``both``), plain CUDA index tensors, with :func:`check_graph`'s range check of the graph
     (no pointer) run by the grouping's own kernel, which reads every index of both ends anyway: a
     new graph's check then costs no launch of its own. Its verdict is deferred, remembered and
-    reported as :func:`check_graph`'s, under the op's argument names. Not while a CUDA graph is
+    reported as :func:`check_graph`'s, under :func:`graph_names`. Not while a CUDA graph is
     captured (the caller groups without it, as :func:`check_graph` checks nothing then)."""
+    names = graph_names()
     groups = _deferred_check(dst_idx.device,
                              lambda flags: launch_grouping_check(dst_idx, src_idx, num_dst, num_src, both, flags),
-                             lambda: (src_idx, num_src, dst_idx, num_dst, None, OP_NAMES))
+                             lambda: (src_idx, num_src, dst_idx, num_dst, None, names))
     return tuple(groups)
 
 
