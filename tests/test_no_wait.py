@@ -228,48 +228,22 @@ def test_self_looped_refuses_what_it_cannot_write():
 
 
 @requires_cuda
-@pytest.mark.parametrize("kind", ["GATConv", "GATv2Conv"])
+@pytest.mark.parametrize("kind, loops", [("GATConv", True), ("GATv2Conv", True), ("TransformerConv", False),
+                                         ("GATConv", False), ("GATv2Conv", False), ("AGNNConv", False)])
 @pytest.mark.parametrize("row, value", [(0, NUM_NODES), (1, NUM_NODES + 3), (0, -1), (1, -2)])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-def test_gat_layers_check_a_fresh_graph_in_the_self_loop_kernel(kind, row, value, index_dtype, monkeypatch):
-    """A GAT layer's default call on a new graph launches no check kernel of its own: the self-loop
-    kernel range-checks both rows on the way; the same graph again is not checked again; a bad
-    index is reported naming its row, at the latest by wait_for_checks."""
+def test_layers_check_a_fresh_graph_in_a_kernel_they_run_anyway(kind, loops, row, value, index_dtype, monkeypatch):
+    """A layer's default call on a new graph launches no check kernel of its own: the GAT layers'
+    self-loop kernel range-checks both rows on the way, and without self-loops the op's grouping
+    kernel does; the same graph again is not checked again; a bad index is reported naming its
+    row of ``edge_index``, at the latest by wait_for_checks."""
     g = gen(8)
-    layer = _layers("cuda")[kind]
-    x = rand_feat((NUM_NODES, IN_CHANNELS), torch.float32, "cuda", g)
-    checked = count_graph_checks(monkeypatch)
-    ei = _batch(g, "cuda").to(index_dtype)
-    names = launched_kernels(lambda: layer(x, ei))
-    assert not any("check_graph_kernel" in name for name in names), names
-    assert checked == [(True, True, False)]
-    layer(x, ei)
-    assert len(checked) == 1
-    edgedot.wait_for_checks()
-    bad = _batch(g, "cuda").to(index_dtype)
-    bad[row, 5] = value
-    with raises_checked(IndexError, match=rf"edge_index\[{row}\] holds {value}, outside \[0, {NUM_NODES}\)"):
-        layer(x, bad)
-    assert checked[-1] == (True, True, False)
-    layer(x, bad.clone()[:, :5])  # good graphs go on
-    edgedot.wait_for_checks()
-
-
-@requires_cuda
-@pytest.mark.parametrize("kind", ["TransformerConv", "GATConv", "GATv2Conv", "AGNNConv"])
-@pytest.mark.parametrize("row, value", [(0, NUM_NODES), (1, -2)])
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-def test_layers_leave_a_fresh_graph_to_the_grouping_kernel(kind, row, value, index_dtype, monkeypatch):
-    """A layer's default call on a new graph it adds no self-loops to launches no check kernel: the
-    op's grouping kernel range-checks both rows, and the error names the row of ``edge_index``;
-    the same graph again is not checked again."""
-    g = gen(9)
     torch.manual_seed(0)
     if kind == "AGNNConv":
-        layer = edgedot.nn.AGNNConv(add_self_loops=False)
+        layer = edgedot.nn.AGNNConv(add_self_loops=loops)
         x = rand_feat((NUM_NODES, IN_CHANNELS), torch.float32, "cuda", g, requires_grad=True)
     else:
-        options = {} if kind == "TransformerConv" else {"add_self_loops": False}
+        options = {} if kind == "TransformerConv" else {"add_self_loops": loops}
         layer = getattr(edgedot.nn, kind)(IN_CHANNELS, DIM, heads=HEADS, **options)
         x = rand_feat((NUM_NODES, IN_CHANNELS), torch.float32, "cuda", g)
     layer = layer.to("cuda")
