@@ -345,6 +345,14 @@ def test_grad_accumulates_into_existing_grad(device):
     torch.testing.assert_close(dst.grad, 2 * first[1])
 
 
+def _pairs_only_where(pairs, monkeypatch):
+    """The CPU's products of every pair of rows (cpu/edge_dot.py's all_pairs_pay) for every
+    problem that its shape rule admits whatever its size, where ``pairs``; else for none: each
+    path's tests on small problems."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+    monkeypatch.setattr(cpu_edge_dot, "PAIRS_MIN_PRODUCTS" if pairs else "MAX_PAIRS", 0)
+
+
 def _op_grads(src, dst, src_idx, dst_idx, grad_out):
     """Output and gradients through the registered op (the dispatcher and its autograd wrapper)."""
     s, d = src.detach().clone().requires_grad_(True), dst.detach().clone().requires_grad_(True)
@@ -363,8 +371,7 @@ def test_cpu_eager_paths_keep_the_ops_bits(dtype, index_dtype, case, path, monke
     op's outputs and gradients, bit for bit, on contiguous and non-contiguous features."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
-    if path != "pairs":
-        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
+    _pairs_only_where(path == "pairs", monkeypatch)
     if path == "chunked":
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 256)
     src, dst, src_idx, dst_idx = _graph(case, dtype, index_dtype, "cpu", seed=11)
@@ -427,7 +434,7 @@ def test_cpu_function_grads_match_the_recorded_path(shape, index_dtype, monkeypa
     sparse product, by the shape) have the bits of the recorded path's (autograd's own
     index_add_ / index_put_), in one chunk and in several, with a hub among the rows."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
-    monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)  # the gathers' sums (test_cpu_pairs_*: the pairs')
+    _pairs_only_where(False, monkeypatch)  # the gathers' sums (test_cpu_pairs_*: the pairs')
     num_nodes, num_edges, dim = shape
     g = gen(23)
     src_idx = torch.randint(num_nodes, (num_edges,), generator=g)
@@ -463,8 +470,7 @@ def test_cpu_paths_refuse_bad_indices(path, index_dtype, monkeypatch):
     every pair, the recorded ATen ops, the autograd.Function of problems of several chunks, the
     forward without autograd and the op."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
-    if not path.startswith("pairs"):
-        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
+    _pairs_only_where(path.startswith("pairs"), monkeypatch)
     if path in ("function", "no_grad_chunked"):
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 8)
     g = gen(13)
@@ -511,8 +517,7 @@ def test_cpu_index_refilled_before_backward_is_refused(path, monkeypatch):
     its buffer) makes the backward raise, as eager PyTorch's does, on every CPU path."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
-    if path != "pairs":
-        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
+    _pairs_only_where(path == "pairs", monkeypatch)
     if path == "chunked":
         monkeypatch.setattr(cpu_edge_dot, "CHUNK_ELEMENTS", 16)
     g = gen(15)
@@ -540,11 +545,13 @@ PAIR_CASES = {
 @pytest.mark.parametrize("case", list(PAIR_CASES))
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
-def test_cpu_pairs_match_the_reference(dtype, index_dtype, case, strided):
+def test_cpu_pairs_match_the_reference(dtype, index_dtype, case, strided, monkeypatch):
     """Small tables beside many edges take every pair's product from one GEMM: outputs and both
     gradients against float64, with repeated pairs and a hub, both index dtypes, strided
     features, and the registered op's bits."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    _pairs_only_where(True, monkeypatch)
 
     num_src, num_dst, num_edges, dim = PAIR_CASES[case]
     g = gen(31)
@@ -567,12 +574,13 @@ def test_cpu_pairs_match_the_reference(dtype, index_dtype, case, strided):
 
 
 @pytest.mark.parametrize("path", ["pairs", "gathers"])
-def test_cpu_gradients_repeat_at_aten_parallel_threshold(path):
+def test_cpu_gradients_repeat_at_aten_parallel_threshold(path, monkeypatch):
     """Indexing's backward (index_put_) adds float32 in parallel by atomics from 32,768 elements
     on more than one thread, each run rounding its own way: the CPU paths that use it stay below,
     so gradients repeat bit for bit at the sizes on either side of that threshold."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
+    _pairs_only_where(path == "pairs", monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -583,8 +591,7 @@ def test_cpu_gradients_repeat_at_aten_parallel_threshold(path):
             src_idx = rand_index(3, num_edges, torch.int64, "cpu", g)  # a few hubs: many terms a row
             dst_idx = rand_index(rows, num_edges, torch.int64, "cpu", g)
             grad_out = rand_feat((num_edges,), torch.float32, "cpu", g) * 100
-            if path == "pairs" and not cpu_edge_dot.all_pairs_pay(src, dst, num_edges):
-                continue
+            assert cpu_edge_dot.all_pairs_pay(src, dst, num_edges) == (path == "pairs" and num_edges < 32768)
             runs = []
             for _ in range(8):
                 s = src.clone().requires_grad_(True)
@@ -592,3 +599,27 @@ def test_cpu_gradients_repeat_at_aten_parallel_threshold(path):
             assert all(torch.equal(r, runs[0]) for r in runs), (num_edges, dim)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_cpu_pairs_leave_nonfinite_tables_to_the_gathers(bad, monkeypatch):
+    """A non-finite row that no edge touches reaches no gradient: the pairs' GEMMs would multiply
+    it by the zeros of its pairs, so tables holding one take the gathers, as a table whose sum
+    overflows does."""
+    from edgedot.cpu import edge_dot as cpu_edge_dot
+
+    _pairs_only_where(True, monkeypatch)
+    g = gen(35)
+    src, dst = rand_feat((40, 8), torch.float32, "cpu", g), rand_feat((30, 8), torch.float32, "cpu", g)
+    src_idx, dst_idx = rand_index(40, 300, torch.int64, "cpu", g), rand_index(29, 300, torch.int64, "cpu", g)
+    assert cpu_edge_dot.all_pairs_pay(src, dst, 300)
+    grad_out = rand_feat((300,), torch.float32, "cpu", g)
+    want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
+    dst[29] = bad  # row 29: no edge
+    assert not cpu_edge_dot.all_pairs_pay(src, dst, 300)
+    assert not cpu_edge_dot.all_pairs_pay(src, torch.full_like(dst, 3e38), 300)
+    s, d = src.clone().requires_grad_(True), dst.clone().requires_grad_(True)
+    out = edgedot.edge_dot(s, d, src_idx, dst_idx)
+    grad_src, grad_dst = torch.autograd.grad(out, (s, d), grad_out)
+    assert torch.isfinite(out).all() and torch.isfinite(grad_src).all() and torch.isfinite(grad_dst[:29]).all()
+    assert rel_error(grad_src, want[0]) <= 1e-6

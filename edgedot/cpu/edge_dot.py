@@ -1,5 +1,7 @@
 """CPU implementation: chunks of edges, so extra memory stays bounded whatever E is."""
 
+import math
+
 import torch
 
 from ..runtime.checks import heads_of
@@ -28,25 +30,36 @@ PARALLEL_ACCUMULATE_ELEMENTS = 1 << 15
 # picked from it (:func:`all_pairs_pay`): pairs * (D + PAIR_ROW_COST) <= PAIRS_PER_EDGE * E * D,
 # about two thirds of the break-even of forward + backward (2 cores, float32: the pairs' matrix
 # costs about 35 products' time a pair, and the GEMM runs about 100 times as many products a
-# second as the gathers; docs/performance.md, CPU). At most MAX_PAIRS pairs (the matrix, and the
-# backward's matrix of gradients, are that large), and fewer edges than
-# PARALLEL_ACCUMULATE_ELEMENTS (the backward sums by index_put_).
+# second as the gathers; docs/performance.md, CPU). Only from PAIRS_MIN_PRODUCTS products (E * D):
+# below, a forward without autograd took up to twice the gathers' time (their fixed costs are
+# lower), and a problem's path must not follow the grad mode (the output's bits would). At most
+# MAX_PAIRS pairs (the matrix, and the backward's matrix of gradients, are that large), and fewer
+# edges than PARALLEL_ACCUMULATE_ELEMENTS (the backward sums by index_put_).
 PAIR_ROW_COST = 32
 PAIRS_PER_EDGE = 64
+PAIRS_MIN_PRODUCTS = 1 << 18
 MAX_PAIRS = 1 << 22
 
 
 def all_pairs_pay(src_feat, dst_feat, num_edges):
-    """Whether a problem takes :func:`pair_products`: tables ``[N, D]`` (no heads) whose every pair
-    of rows costs less to multiply by one GEMM than the edges' rows cost to gather, and for half
-    types small enough to widen whole."""
+    """Whether a problem takes :func:`pair_products`: finite tables ``[N, D]`` (no heads) whose
+    every pair of rows costs less to multiply by one GEMM than the edges' rows cost to gather, and
+    for half types small enough to widen whole."""
     if src_feat.dim() != 2 or dst_feat.dim() != 2 or not 0 < num_edges < PARALLEL_ACCUMULATE_ELEMENTS:
         return False
     dim = src_feat.shape[1]
     pairs = src_feat.shape[0] * dst_feat.shape[0]
-    if pairs > MAX_PAIRS or pairs * (dim + PAIR_ROW_COST) > PAIRS_PER_EDGE * num_edges * dim:
+    if num_edges * dim < PAIRS_MIN_PRODUCTS or pairs > MAX_PAIRS \
+            or pairs * (dim + PAIR_ROW_COST) > PAIRS_PER_EDGE * num_edges * dim:
         return False
-    return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
+    if src_feat.dtype not in (torch.float32, torch.float64) and src_feat.numel() + dst_feat.numel() > CHUNK_ELEMENTS:
+        return False
+    # The backward's GEMMs multiply every row by the gradients of all its pairs, zeros included:
+    # an infinite or NaN row would make every row's gradient NaN, where only its edges' should be.
+    # A table's sum is finite only if every element is (one that overflows leaves the problem to
+    # the gathers); 3 µs for two small tables, where isfinite(...).all() takes 17.
+    acc = acc_dtype(src_feat.dtype)
+    return math.isfinite(src_feat.sum(dtype=acc).item()) and math.isfinite(dst_feat.sum(dtype=acc).item())
 
 
 def _refuse_negative(*indices):
@@ -133,10 +146,8 @@ def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
 
 
 def recordable(src_feat, dst_feat, num_edges, heads):
-    """Whether :func:`recorded_forward` serves a problem: it takes :func:`pair_products`, or its
-    gathered rows fit one chunk, and for half types its tables too (they are widened whole)."""
-    if all_pairs_pay(src_feat, dst_feat, num_edges):
-        return True
+    """Whether :func:`recorded_forward` serves a problem that does not take :func:`pair_products`:
+    its gathered rows fit one chunk, and for half types its tables too (they are widened whole)."""
     if not one_chunk(num_edges, heads, src_feat.shape[-1]):
         return False
     return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
@@ -151,8 +162,6 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
     float32 and rounded once), whose backward sums by ``index_put_`` (indexing's) or ``index_add_``
     (``index_select``'s) as :func:`grad_rows` does. Its gathers refuse an index outside the table
     before reading it (an ``IndexError``). The output has :func:`forward`'s shape."""
-    if all_pairs_pay(src_feat, dst_feat, src_idx.shape[0]):
-        return pair_products(src_feat, dst_feat, src_idx, dst_idx)
     dtype, acc = src_feat.dtype, acc_dtype(src_feat.dtype)
     if dtype != acc:
         src_feat, dst_feat = src_feat.to(acc), dst_feat.to(acc)

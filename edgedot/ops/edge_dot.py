@@ -72,6 +72,8 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     if eager_device == "cpu":
         check_inputs(src_feat, dst_feat, src_idx, dst_idx)
         shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
+        if plan is None and cpu_edge_dot.all_pairs_pay(src_feat, dst_feat, src_idx.shape[0]):
+            return _gathers_checked(cpu_edge_dot.pair_products, src_feat, dst_feat, src_idx, dst_idx)
         if plan is None and cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0],
                                                     shape[-1] if len(shape) == 2 else 1):
             return _gathers_checked(cpu_edge_dot.recorded_forward, src_feat, dst_feat, src_idx, dst_idx)
