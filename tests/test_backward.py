@@ -346,11 +346,11 @@ def test_grad_accumulates_into_existing_grad(device):
 
 
 def _pairs_only_where(pairs, monkeypatch):
-    """The CPU's products of every pair of rows (cpu/edge_dot.py's all_pairs_pay) for every
-    problem that its shape rule admits whatever its size, where ``pairs``; else for none: each
-    path's tests on small problems."""
+    """The CPU's products of every pair of rows (cpu/edge_dot.py's all_pairs_pay) where its shape
+    rule admits them, where ``pairs``; else for no problem: the gathers' tests."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
-    monkeypatch.setattr(cpu_edge_dot, "PAIRS_MIN_PRODUCTS" if pairs else "MAX_PAIRS", 0)
+    if not pairs:
+        monkeypatch.setattr(cpu_edge_dot, "MAX_PAIRS", 0)
 
 
 def _op_grads(src, dst, src_idx, dst_idx, grad_out):
@@ -604,22 +604,28 @@ def test_cpu_gradients_repeat_at_aten_parallel_threshold(path, monkeypatch):
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
 def test_cpu_pairs_leave_nonfinite_tables_to_the_gathers(bad, monkeypatch):
     """A non-finite row that no edge touches reaches no gradient: the pairs' GEMMs would multiply
-    it by the zeros of its pairs, so tables holding one take the gathers, as a table whose sum
-    overflows does."""
+    it by the zeros of its pairs, so the gradients of tables holding one take the gathers' sums, as
+    those of a table whose sum overflows do. The forward keeps the pairs (the shapes alone choose
+    it), so its bits do not follow the grad mode."""
     from edgedot.cpu import edge_dot as cpu_edge_dot
 
     _pairs_only_where(True, monkeypatch)
     g = gen(35)
     src, dst = rand_feat((40, 8), torch.float32, "cpu", g), rand_feat((30, 8), torch.float32, "cpu", g)
     src_idx, dst_idx = rand_index(40, 300, torch.int64, "cpu", g), rand_index(29, 300, torch.int64, "cpu", g)
-    assert cpu_edge_dot.all_pairs_pay(src, dst, 300)
+    assert cpu_edge_dot.all_pairs_pay(src, dst, 300) and cpu_edge_dot.pairs_backward(src, dst)
     grad_out = rand_feat((300,), torch.float32, "cpu", g)
     want = reference_grads(src, dst, src_idx, dst_idx, grad_out, torch.float64)
     dst[29] = bad  # row 29: no edge
-    assert not cpu_edge_dot.all_pairs_pay(src, dst, 300)
-    assert not cpu_edge_dot.all_pairs_pay(src, torch.full_like(dst, 3e38), 300)
+    assert cpu_edge_dot.all_pairs_pay(src, dst, 300) and not cpu_edge_dot.pairs_backward(src, dst)
+    assert not cpu_edge_dot.pairs_backward(src, torch.full_like(dst, 3e38))
+    with torch.no_grad():
+        no_grad_out = edgedot.edge_dot(src, dst, src_idx, dst_idx)
     s, d = src.clone().requires_grad_(True), dst.clone().requires_grad_(True)
     out = edgedot.edge_dot(s, d, src_idx, dst_idx)
     grad_src, grad_dst = torch.autograd.grad(out, (s, d), grad_out)
     assert torch.isfinite(out).all() and torch.isfinite(grad_src).all() and torch.isfinite(grad_dst[:29]).all()
+    assert torch.equal(out, no_grad_out)
+    for got, op in zip((out, grad_src, grad_dst), _op_grads(src, dst, src_idx, dst_idx, grad_out)):
+        torch.testing.assert_close(got, op, rtol=0, atol=0, equal_nan=True)
     assert rel_error(grad_src, want[0]) <= 1e-6

@@ -310,3 +310,29 @@ def test_cuda_check_is_one_kernel_writing_host_memory():
     checks.check_graph(src, NUM_SRC, dst, NUM_DST)
     with pytest.raises(IndexError, match=f"dst_idx holds {NUM_DST}"):
         checks.deferred.wait()
+
+
+@pytest.mark.cpu_only
+def test_check_inputs_shortcut_accepts_only_what_the_full_checks_accept(monkeypatch):
+    """check_inputs' one-expression shortcut for the common case admits no argument list that its
+    full checks refuse: every combination of ranks, dtypes, widths, lengths and devices (the meta
+    device standing for a second one) that the shortcut passes also passes with the shortcut off."""
+    import itertools
+
+    feats = [torch.zeros(shape, dtype=dtype, device=device)
+             for shape in ((3, 4), (3, 5), (3, 2, 4), (4,)) for dtype in (torch.float32, torch.bfloat16, torch.int64)
+             for device in ("cpu", "meta")]
+    indices = [torch.zeros(shape, dtype=dtype, device=device)
+               for shape in ((6,), (7,), (6, 1)) for dtype in (torch.int64, torch.int32, torch.float32)
+               for device in ("cpu", "meta")]
+    shortcut = checks._plain_pair
+    taken = 0
+    for args in itertools.product(feats, feats, indices, indices):
+        if not shortcut(*args):
+            continue
+        taken += 1
+        monkeypatch.setattr(checks, "_plain_pair", lambda *a: False)
+        checks.check_inputs(*args)  # raises if the shortcut admitted a bad argument list
+        monkeypatch.setattr(checks, "_plain_pair", shortcut)
+    # two widths x two feature dtypes x two devices x two dtypes of each index x two lengths
+    assert taken == 2 ** 6

@@ -30,36 +30,38 @@ PARALLEL_ACCUMULATE_ELEMENTS = 1 << 15
 # picked from it (:func:`all_pairs_pay`): pairs * (D + PAIR_ROW_COST) <= PAIRS_PER_EDGE * E * D,
 # about two thirds of the break-even of forward + backward (2 cores, float32: the pairs' matrix
 # costs about 35 products' time a pair, and the GEMM runs about 100 times as many products a
-# second as the gathers; docs/performance.md, CPU). Only from PAIRS_MIN_PRODUCTS products (E * D):
-# below, a forward without autograd took up to twice the gathers' time (their fixed costs are
-# lower), and a problem's path must not follow the grad mode (the output's bits would). At most
-# MAX_PAIRS pairs (the matrix, and the backward's matrix of gradients, are that large), and fewer
-# edges than PARALLEL_ACCUMULATE_ELEMENTS (the backward sums by index_put_).
+# second as the gathers; docs/performance.md, CPU). At most MAX_PAIRS pairs (the matrix, and the
+# backward's matrix of gradients, are that large), and fewer edges than
+# PARALLEL_ACCUMULATE_ELEMENTS (the backward sums by index_put_).
 PAIR_ROW_COST = 32
 PAIRS_PER_EDGE = 64
-PAIRS_MIN_PRODUCTS = 1 << 18
 MAX_PAIRS = 1 << 22
 
 
 def all_pairs_pay(src_feat, dst_feat, num_edges):
-    """Whether a problem takes :func:`pair_products`: finite tables ``[N, D]`` (no heads) whose
+    """Whether a problem's forward takes :func:`pair_products`: tables ``[N, D]`` (no heads) whose
     every pair of rows costs less to multiply by one GEMM than the edges' rows cost to gather, and
-    for half types small enough to widen whole."""
+    for half types small enough to widen whole. The shapes alone decide, so that the output's bits
+    follow the problem, not the grad mode or the values; :func:`pairs_backward` decides the backward."""
     if src_feat.dim() != 2 or dst_feat.dim() != 2 or not 0 < num_edges < PARALLEL_ACCUMULATE_ELEMENTS:
         return False
     dim = src_feat.shape[1]
     pairs = src_feat.shape[0] * dst_feat.shape[0]
-    if num_edges * dim < PAIRS_MIN_PRODUCTS or pairs > MAX_PAIRS \
-            or pairs * (dim + PAIR_ROW_COST) > PAIRS_PER_EDGE * num_edges * dim:
+    if pairs > MAX_PAIRS or pairs * (dim + PAIR_ROW_COST) > PAIRS_PER_EDGE * num_edges * dim:
         return False
-    if src_feat.dtype not in (torch.float32, torch.float64) and src_feat.numel() + dst_feat.numel() > CHUNK_ELEMENTS:
-        return False
-    # The backward's GEMMs multiply every row by the gradients of all its pairs, zeros included:
-    # an infinite or NaN row would make every row's gradient NaN, where only its edges' should be.
+    return src_feat.dtype in (torch.float32, torch.float64) or src_feat.numel() + dst_feat.numel() <= CHUNK_ELEMENTS
+
+
+def pairs_backward(src_feat, dst_feat):
+    """Whether the gradients of an :func:`all_pairs_pay` problem take the pairs' GEMMs too: only for
+    finite tables. Those GEMMs multiply every row by the gradients of all its pairs, zeros
+    included, so an infinite or NaN row would make every row's gradient NaN, where only its edges'
+    should be; such tables' gradients take the gathers' sums (:func:`grad_rows`)."""
     # A table's sum is finite only if every element is (one that overflows leaves the problem to
-    # the gathers); 3 µs for two small tables, where isfinite(...).all() takes 17.
+    # the gathers); 4 µs for two small tables, where isfinite(...).all() takes 17.
     acc = acc_dtype(src_feat.dtype)
-    return math.isfinite(src_feat.sum(dtype=acc).item()) and math.isfinite(dst_feat.sum(dtype=acc).item())
+    return math.isfinite(src_feat.detach().sum(dtype=acc).item()) \
+        and math.isfinite(dst_feat.detach().sum(dtype=acc).item())
 
 
 def _refuse_negative(*indices):
@@ -123,11 +125,17 @@ def one_chunk(num_edges, heads, dim):
 
 def forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
     """out[e, h] = <src_feat[src_idx[e], h], dst_feat[dst_idx[e], h]>, accumulated in float32 or wider."""
+    if all_pairs_pay(src_feat, dst_feat, src_idx.shape[0]):
+        return pair_products(src_feat, dst_feat, src_idx, dst_idx).view(out_shape)
+    return gathered_forward(src_feat, dst_feat, src_idx, dst_idx, out_shape)
+
+
+def gathered_forward(src_feat, dst_feat, src_idx, dst_idx, out_shape):
+    """:func:`forward` of a problem that does not take :func:`pair_products`: the edges' rows
+    gathered, a chunk of edges at a time."""
     acc = acc_dtype(src_feat.dtype)
     num_edges, dim = src_idx.shape[0], src_feat.shape[-1]
     heads = max(heads_of(src_feat), heads_of(dst_feat))
-    if all_pairs_pay(src_feat, dst_feat, num_edges):
-        return pair_products(src_feat, dst_feat, src_idx, dst_idx).view(out_shape)
     if one_chunk(num_edges, heads, dim):  # no slices, no copy into out
         if src_feat.shape[1:] != dst_feat.shape[1:]:  # one side has one head
             src_feat, dst_feat = _as_3d(src_feat), _as_3d(dst_feat)
@@ -186,7 +194,7 @@ def _recorded_gather(feat, idx, serial):
 
 def grad_rows(grad_out, row_feat, other_feat, row_idx, other_idx):
     """Gradient of the output with respect to ``row_feat`` (the side indexed by ``row_idx``)."""
-    if all_pairs_pay(row_feat, other_feat, row_idx.shape[0]):
+    if all_pairs_pay(row_feat, other_feat, row_idx.shape[0]) and pairs_backward(row_feat, other_feat):
         return _pair_grad(grad_out, row_feat, other_feat, row_idx, other_idx)
     acc = acc_dtype(row_feat.dtype)
     if row_feat.shape[1:] == other_feat.shape[1:] and one_chunk(row_idx.shape[0], 1, _row_elements(row_feat)):

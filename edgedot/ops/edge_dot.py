@@ -53,11 +53,11 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
     """
     _check_options(plan, deterministic, check_indices)
     eager_device = _eager_device(src_feat, dst_feat, src_idx, dst_idx)
-    if eager_device and plan is None and not (torch.is_grad_enabled()
-                                              and (src_feat.requires_grad or dst_feat.requires_grad)):
-        if eager_device == "cuda":
-            return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
-        return forward_cpu(src_feat, dst_feat, src_idx, dst_idx)
+    if eager_device == "cpu" and plan is None:
+        return _eager_cpu(src_feat, dst_feat, src_idx, dst_idx, deterministic, check_indices)
+    if eager_device == "cuda" and plan is None and not (torch.is_grad_enabled()
+                                                        and (src_feat.requires_grad or dst_feat.requires_grad)):
+        return forward_cuda(src_feat, dst_feat, src_idx, dst_idx, check_indices)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if plan is None:
@@ -71,17 +71,32 @@ def edge_dot(src_feat, dst_feat, src_idx, dst_idx, *, plan=None, deterministic=N
         return EagerCUDAEdgeDot.apply(*args)
     if eager_device == "cpu":
         check_inputs(src_feat, dst_feat, src_idx, dst_idx)
-        shape = output_shape(src_feat, dst_feat, src_idx.shape[0])
-        if plan is None and cpu_edge_dot.all_pairs_pay(src_feat, dst_feat, src_idx.shape[0]):
-            return _gathers_checked(cpu_edge_dot.pair_products, src_feat, dst_feat, src_idx, dst_idx)
-        if plan is None and cpu_edge_dot.recordable(src_feat, dst_feat, src_idx.shape[0],
-                                                    shape[-1] if len(shape) == 2 else 1):
-            return _gathers_checked(cpu_edge_dot.recorded_forward, src_feat, dst_feat, src_idx, dst_idx)
-        return _gathers_checked(EagerCPUEdgeDot.apply, *args, shape)
+        return _gathers_checked(EagerCPUEdgeDot.apply, *args, output_shape(src_feat, dst_feat, src_idx.shape[0]))
     # Every implementation checks its inputs; a non-tensor must be named before the dispatcher
     # refuses it in its own words.
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
     return edge_dot_op(*args)
+
+
+def _eager_cpu(src_feat, dst_feat, src_idx, dst_idx, deterministic, check_indices):
+    """:func:`edge_dot` on plain CPU tensors without a plan: ATen ops that autograd records where
+    they serve (their backward then runs as C++ nodes, with no Python), else
+    :class:`EagerCPUEdgeDot`. Each path gives the registered op's bits."""
+    check_inputs(src_feat, dst_feat, src_idx, dst_idx)
+    num_edges = src_idx.shape[0]
+    shape = output_shape(src_feat, dst_feat, num_edges)
+    grad = torch.is_grad_enabled() and (src_feat.requires_grad or dst_feat.requires_grad)
+    if cpu_edge_dot.all_pairs_pay(src_feat, dst_feat, num_edges):
+        if not grad or cpu_edge_dot.pairs_backward(src_feat, dst_feat):
+            return _gathers_checked(cpu_edge_dot.pair_products, src_feat, dst_feat, src_idx, dst_idx)
+    elif not grad:
+        return _gathers_checked(cpu_edge_dot.gathered_forward, src_feat, dst_feat, src_idx, dst_idx, shape)
+    elif cpu_edge_dot.recordable(src_feat, dst_feat, num_edges, shape[-1] if len(shape) == 2 else 1):
+        return _gathers_checked(cpu_edge_dot.recorded_forward, src_feat, dst_feat, src_idx, dst_idx)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    args = (src_feat, dst_feat, src_idx, dst_idx, None, None, deterministic, check_indices)
+    return _gathers_checked(EagerCPUEdgeDot.apply, *args, shape)
 
 
 def _check_options(plan, deterministic, check_indices):
@@ -106,7 +121,7 @@ def _eager_device(src_feat, dst_feat, src_idx, dst_idx):
         return None
     if src_feat.is_cuda:
         return "cuda"
-    if src_feat.device.type == "cpu" and not torch.jit.is_tracing():
+    if src_feat.is_cpu and not torch.jit.is_tracing():
         return "cpu"
     return None
 

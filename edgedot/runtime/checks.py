@@ -68,6 +68,8 @@ def check_feature(name, feat, rows="N"):
 def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
     """Raises a clear error for any malformed argument of :func:`edgedot.edge_dot`."""
     check_tensors(src_feat, dst_feat, src_idx, dst_idx)
+    if _plain_pair(src_feat, dst_feat, src_idx, dst_idx):
+        return
     for name, feat in (("src_feat", src_feat), ("dst_feat", dst_feat)):
         check_feature(name, feat)
     if src_feat.dtype != dst_feat.dtype:
@@ -84,6 +86,17 @@ def check_inputs(src_feat, dst_feat, src_idx, dst_idx):
     for name, t in (("dst_feat", dst_feat), ("src_idx", src_idx), ("dst_idx", dst_idx)):
         if t.device != device:
             raise ValueError(f"src_feat is on {device} but {name} is on {t.device}; all inputs must share a device")
+
+
+def _plain_pair(src_feat, dst_feat, src_idx, dst_idx):
+    # The common well-formed case in one expression, a subset of what check_inputs accepts
+    # (a third of its time on small CPU graphs, where a call's Python is most of its cost).
+    dtype = src_feat.dtype
+    return (src_feat.dim() == 2 and dst_feat.dim() == 2 and dst_feat.dtype == dtype and dtype in FEATURE_DTYPES
+            and src_feat.shape[1] == dst_feat.shape[1] and src_idx.dim() == 1 and dst_idx.dim() == 1
+            and src_idx.dtype in INDEX_DTYPES and dst_idx.dtype in INDEX_DTYPES
+            and src_idx.shape[0] == dst_idx.shape[0]
+            and src_feat.device == dst_feat.device == src_idx.device == dst_idx.device)
 
 
 def check_index_range(name, idx, num_rows):
