@@ -24,8 +24,8 @@ def cpu_case(item):
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_only: touches no CUDA device (the CPU paths' own tests); "
                                        "--cuda-cases-only leaves it out")
-    config.addinivalue_line("markers", "gpu_memory_heavy: needs tens of GB of device memory; such tests run one at "
-                                       "a time among the workers sharing a GPU")
+    config.addinivalue_line("markers", "gpu_memory_heavy: needs several GB of device memory or more; such tests run "
+                                       "one at a time among the workers sharing a GPU")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -63,6 +63,7 @@ DOUBLE_ACCUM_MAX_DIM = 16
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("use_plan", [False, True], ids=["noplan", "plan"])
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.gpu_memory_heavy
 @pytest.mark.parametrize("dim", [1, 16, 33, 128, 1000])
 def test_cuda_grad_large_skewed(dim, dtype, use_plan, deterministic):
     g = gen(2)

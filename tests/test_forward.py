@@ -229,6 +229,7 @@ def test_cuda_output_fully_written(dtype, case):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FEAT_DTYPES, ids=dtype_id)
+@pytest.mark.gpu_memory_heavy
 @pytest.mark.parametrize("dim", [1, 64, 128, 256, 1000, 4096])
 def test_cuda_large(dtype, dim):
     g = gen(8)
