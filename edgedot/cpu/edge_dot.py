@@ -67,7 +67,7 @@ def pairs_backward(src_feat, dst_feat):
 def _refuse_negative(*indices):
     # Indexing reads a negative index from the end: refused here (one past the rows it refuses itself).
     for idx in indices:
-        if idx.min().item() < 0:
+        if idx.numel() and idx.min().item() < 0:
             raise IndexError("negative index")
 
 
@@ -182,12 +182,10 @@ def recorded_forward(src_feat, dst_feat, src_idx, dst_idx):
 
 def _recorded_gather(feat, idx, serial):
     # Indexing's backward sums serially (index_add_'s fixed cost is twice its own on small sums),
-    # in edge order as index_add_ does. It reads a negative index from the end: refused here (one
-    # past the rows it refuses itself). Its rows keep a strided table's strides, and the sums'
+    # in edge order as index_add_ does. Its rows keep a strided table's strides, and the sums'
     # order would change with them: only a contiguous table is indexed.
     if serial and feat.is_contiguous():
-        if idx.numel() and idx.min().item() < 0:
-            raise IndexError("negative index")
+        _refuse_negative(idx)
         return feat[idx]
     return feat.index_select(0, in_dtype(idx, torch.int64))  # (its backward's index_add_: see above)
 
