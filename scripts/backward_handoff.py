@@ -3,7 +3,7 @@ on a CUDA machine: a forward + backward of ``x * 2`` on 4096 floats whose backwa
 Python ``autograd.Function``, or a ``torch.compile``d function, each timed by
 ``host_costs.host_us`` (the device busy with a sleep queued ahead, so only the host's own work
 counts) with ``torch.autograd.set_multithreading_enabled`` on and off. Medians, µs; the difference
-is the hand-over (docs/performance.md; scripts/host_costs.py times graph attention the same way).
+is the hand-over (NOTES.md's run log; scripts/host_costs.py times graph attention the same way).
 
     python scripts/backward_handoff.py
 """

@@ -7,7 +7,7 @@ scripts/host_costs.py), and a loop's µs a step between two CUDA events (host an
 
     python scripts/backward_thread.py [LABEL]
 
-docs/performance.md ("C++ autograd nodes for the eager CUDA calls") has its figures; run it under
+NOTES.md's run log ("C++ autograd nodes for the eager CUDA calls") has its figures; run it under
 ``taskset`` to see what pinning the threads to cores changes.
 """
 

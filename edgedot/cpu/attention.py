@@ -24,7 +24,7 @@ CHUNK_ELEMENTS = 1 << 21
 # Bytes of one per-edge tensor ([E, H, D] in the accumulation dtype) up to which a problem takes one
 # pass each way (:func:`one_pass`), its forward keeping a few such tensors for the backward. glibc
 # maps a block larger than 32 MiB afresh on every allocation, and past about that size the new
-# pages' faults cost more than the chunks' recomputation (docs/performance.md, CPU).
+# pages' faults cost more than the chunks' recomputation (NOTES.md's run log, CPU).
 ONE_PASS_BYTES = 32 << 20
 # Scores ([E, H]) the forward keeps from its first pass for its second, rather than computing them
 # again, up to this many elements (the chunks bound the memory of larger graphs).

@@ -1,6 +1,6 @@
 """Column sums ``x.sum(0)`` of a tall ``[rows, width]`` tensor as a custom operator, for the layers'
 bias gradients: on CUDA a two-stage sum in an order fixed by the shape (bitwise reproducible;
-1.6-4.4x faster than PyTorch's reduction for widths of 128-384 on an H200, docs/performance.md); on
+1.6-4.4x faster than PyTorch's reduction for widths of 128-384 on an H200, NOTES.md's run log); on
 the CPU PyTorch's own sum.
 
 ``edgedot::column_sum``   ``[width]`` in ``x``'s dtype, accumulated in float32 (float64 for float64).

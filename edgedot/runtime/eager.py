@@ -9,7 +9,7 @@ gradients, the op is called below the Autograd dispatch keys (what the wrapper's
 after a Python detour of its own: about 12 us a call on a desktop CPU). Anything else calls the op
 as it is. On CUDA an op may have a C++ twin of that Function in the extension (``cuda_call`` of
 :func:`register_autograd`): ``loss.backward()`` of a CUDA loss runs on autograd's device thread,
-where a Python backward costs several times its own host work (docs/performance.md), and a C++
+where a Python backward costs several times its own host work (NOTES.md's run log), and a C++
 node's runs no Python.
 
 On the CPU the eager ``autograd.Function`` calls the op's implementation itself (``cpu_forward``

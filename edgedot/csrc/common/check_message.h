@@ -2,7 +2,7 @@
 // c10::str streams every message of more than one piece through a std::ostringstream made in this
 // library. A compiler that links its own copy of libstdc++ into the library (the CUDA machines'
 // JIT build did) gives that stream a locale whose number formatting crashed the process
-// (docs/performance.md). c10::str returns a lone string as it is, so each TORCH_CHECK here gets
+// (NOTES.md's run log). c10::str returns a lone string as it is, so each TORCH_CHECK here gets
 // exactly one: a literal, a string, or message(...) (tests/test_check_messages.py).
 #pragma once
 
