@@ -364,4 +364,4 @@ def test_all_minus_inf_destination_is_nan(hub_edges):
     (out, lse, _), _ = run(q, k, v, None, src, dst, 0.3, return_attention=False)
     assert torch.isnan(out[6]).all() and torch.isnan(lse[6]).all()
     rest = torch.arange(num_dst, device="cuda") != 6
-    assert torch.isfinite(out[rest]).all() and torch.isfinite(lse[rest][torch.isfinite(lse[rest])]).all()
+    assert torch.isfinite(out[rest]).all() and torch.isfinite(lse[rest]).all()

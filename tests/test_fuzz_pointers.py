@@ -37,5 +37,6 @@ def test_hostile_graph_gives_a_result_or_a_clear_error(device, op):
 
 
 def test_fuzz_script_runs():
-    assert fuzz_pointers.fuzz("cpu", rounds=6, seed=3) >= 0
+    # On the CPU every hostile call raises: both calls of every round are counted.
+    assert fuzz_pointers.fuzz("cpu", rounds=6, seed=3) == 2 * 6
     fuzz_pointers.check_still_right("cpu")
