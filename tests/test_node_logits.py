@@ -45,7 +45,7 @@ def test_matches_float64(device, dtype, shape, sides):
         assert out.numel() == 0 and dx.numel() == 0 and torch.equal(datt, torch.zeros_like(datt))
         return
     for name, got, want in (("out", out, ref), ("dx", dx, ref_dx), ("datt", datt, ref_datt)):
-        assert rel_error(got, want) < TOL[dtype] * max(1, shape[2] ** 0.5), name
+        assert rel_error(got, want) < TOL[dtype], name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -155,7 +155,7 @@ def test_sides_match_float64_and_the_stacked_op(device, dtypes, shape, wanted):
     ref = ((x64 * s64).sum(-1), (x64 * d64).sum(-1))
     ref_used = {"both": ref, "src": ref[:1], "dst": ref[1:]}[wanted]
     want = torch.autograd.grad(ref_used, (x64, s64, d64), [gr.double() for gr in used_grads], allow_unused=True)
-    tol = max(TOL[x_dtype], TOL[att_dtype]) * max(1, dim ** 0.5)
+    tol = max(TOL[x_dtype], TOL[att_dtype])
     for name, side, side_ref in (("a_src", a_src, ref[0]), ("a_dst", a_dst, ref[1])):
         assert rel_error(side, side_ref) < tol if n else side.numel() == 0, name
     for name, grad, grad_ref, att in (("dx", got[0], want[0], x), ("datt_src", got[1], want[1], att_src),
