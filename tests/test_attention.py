@@ -209,7 +209,7 @@ def test_non_finite_scores(device, dtype):
     for name, got_grad, want_grad, rows in (("dq", dq, want[0], finite_rows), ("dk", dk, want[1], live_src),
                                             ("dv", dv, want[2], live_src)):
         assert torch.isfinite(got_grad[rows]).all() and torch.isfinite(want_grad[rows]).all(), name
-        assert rel_error(got_grad[rows], want_grad[rows]) < (1e-12 if dtype == torch.float64 else 2e-2), name
+        assert rel_error(got_grad[rows], want_grad[rows]) < {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2), name
     assert torch.equal(dk[4], torch.zeros_like(dk[4])) and torch.equal(dv[4], torch.zeros_like(dv[4]))
 
 

@@ -401,7 +401,7 @@ def test_non_finite_scores(kind, device, dtype):
     live_src, live_edges = torch.tensor([2, 3, 4], device=device), torch.tensor([2, 3, 4, 7], device=device)
     rows = {"x": live_src, "a_src": live_src, "a_dst": finite_rows, "a_edge": live_edges,
             "x_src": live_src, "x_dst": finite_rows, "edge_feat": live_edges}
-    tol = 1e-12 if dtype == torch.float64 else 2e-2
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5}.get(dtype, 2e-2)
     for name, got_grad, want_grad in zip(kind.names, grads, want):
         if name == "att":
             continue  # a sum over every edge, those into NaN destinations included
